@@ -1,0 +1,186 @@
+"""Command line: `stabexp run [hydra args]`, `stabexp list`.
+
+`stabexp run` is a plain Hydra app (overrides, -m, --cfg job, --help, hydra/launcher=...).
+Before handing over to Hydra it composes the config for every value a sweep will take and
+checks it, so a user error is one line naming the bad value, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import yaml
+
+from stabexp.config import ConfigError, conf_dir, outputs_dir, run_name, unknown_key_message, validate
+
+log = logging.getLogger("stabexp")
+
+USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one run, or a sweep with -m
+       stabexp list                                        the control groups
+Examples:
+  stabexp run group=postln depth=18
+  stabexp run -m group=postln,postln_warmup depth=6,18
+Run folders go under {outputs}"""
+
+# Hydra flags that take a value, so the value is not read as an override.
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
+                     "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_CONFIG_GROUPS = ("group", "model", "task", "optim")
+
+
+def _split_args(args: List[str]):
+    """(overrides for our config, hydra overrides, is_multirun, wants_help)."""
+    ours, hydra_overrides, skip = [], [], False
+    multirun = wants_help = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in _FLAGS_WITH_VALUE:
+            skip = True
+        elif a in ("-m", "--multirun"):
+            multirun = True
+        elif a in ("-h", "--help", "--hydra-help", "--info", "-i", "--version", "--shell-completion", "-sc"):
+            wants_help = True
+        elif a.startswith("-"):
+            continue
+        elif a.lstrip("+~").startswith("hydra"):
+            hydra_overrides.append(a)
+        else:
+            ours.append(a)
+    return ours, hydra_overrides, multirun, wants_help
+
+
+def _choices(group: str) -> List[str]:
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def _explain(override, err: Exception) -> str:
+    """One line for a Hydra / OmegaConf composition error about `override`."""
+    key = override.key_or_group
+    value = override.get_value_element_as_str() if not override.is_sweep_override() else "..."
+    text = f"{err} {err.__cause__ or ''}"
+    if key in _CONFIG_GROUPS and ("Could not find" in text or "Could not load" in text):
+        return f"{key}={value} is not a known {key}: choose one of {', '.join(_choices(key))}"
+    if "not in struct" in text or "Could not override" in text or "Could not append" in text:
+        return unknown_key_message(key.lstrip("+~"))
+    first = str(err.__cause__ or err).strip().splitlines()[0]
+    return f"{override.input_line}: {first}"
+
+
+def check_overrides(overrides: List[str], multirun: bool) -> None:
+    """Compose and validate the config for each value every override takes; raise ConfigError."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as err:
+        raise ConfigError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
+    candidates = []
+    for o in parsed:
+        if o.is_sweep_override():
+            if not multirun:
+                raise ConfigError(f"{o.input_line} sweeps several values: add -m to run a multirun")
+            values = list(o.sweep_string_iterator())
+        else:
+            values = [o.get_value_element_as_str()]
+        candidates.append([f"{o.get_key_element()}={v}" for v in values])
+    # Every value of every override, the others at their first value.
+    to_check = [[c[0] for c in candidates]]
+    for i, c in enumerate(candidates):
+        for v in c[1:]:
+            to_check.append([*to_check[0][:i], v, *to_check[0][i + 1:]])
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        for combo in to_check:
+            try:
+                cfg = compose(config_name="config", overrides=combo)
+            except Exception as err:
+                culprit = next((parsed[i] for i, line in enumerate(combo)
+                                if _is_culprit(line, err)), parsed[0] if parsed else None)
+                if culprit is None:
+                    raise ConfigError(str(err).splitlines()[0]) from None
+                raise ConfigError(_explain(culprit, err)) from None
+            validate(cfg)
+    GlobalHydra.instance().clear()
+
+
+def _is_culprit(line: str, err: Exception) -> bool:
+    key = line.split("=", 1)[0].lstrip("+~")
+    text = f"{err} {err.__cause__ or ''}"
+    return f"'{key}" in text or f"{key}/" in text or f"full_key: {key}" in text
+
+
+def _hydra_main():
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
+    def run(cfg) -> None:
+        from stabexp.train.trainer import train
+
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
+        try:
+            summary = train(cfg, out_dir)
+        except ConfigError as err:
+            print(f"stabexp: error: {err}", file=sys.stderr)
+            sys.exit(2)
+        eval_loss = summary.get("final_eval_loss")
+        log.info("%s: %s after %s steps, eval loss %s, results in %s", summary["group"],
+                 summary["status"], summary.get("steps_done"),
+                 f"{eval_loss:.4f}" if eval_loss is not None else "n/a", out_dir)
+
+    return run
+
+
+def cmd_run(args: List[str]) -> int:
+    ours, hydra_overrides, multirun, wants_help = _split_args(args)
+    if not wants_help:
+        try:
+            check_overrides(ours, multirun)
+        except ConfigError as err:
+            print(f"stabexp: error: {err}", file=sys.stderr)
+            return 2
+    extra = []
+    if multirun and not any(h.startswith("hydra.sweep.dir=") for h in hydra_overrides):
+        # One sweep folder named from the whole sweep, so re-running it finds its jobs again.
+        sweep_dir = outputs_dir() / "multirun" / run_name(ours)
+        extra.append(f"hydra.sweep.dir='{sweep_dir}'")
+    sys.argv = ["stabexp", *args, *extra]
+    _hydra_main()()
+    return 0
+
+
+def cmd_list() -> int:
+    rows = []
+    for path in sorted((conf_dir() / "group").glob("*.yaml")):
+        g = yaml.safe_load(path.read_text())
+        rows.append((g["name"], g.get("description", ""), g.get("citation", "")))
+    width = max(len(r[0]) for r in rows)
+    for name, description, citation in rows:
+        print(f"{name:<{width}}  {description}")
+        print(f"{'':<{width}}  [{citation}]")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE.format(outputs=outputs_dir()))
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        return cmd_run(rest)
+    if command == "list":
+        return cmd_list()
+    print(f"stabexp: error: unknown command {command!r}: use run or list", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

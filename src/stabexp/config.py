@@ -1,0 +1,234 @@
+"""The config schema: every key a run accepts, with its type and default.
+
+Registered in Hydra's ConfigStore as `stabexp_schema`; conf/config.yaml puts it first in its
+defaults list, so an unknown key or a value of the wrong type is rejected when Hydra composes.
+Ranges that a type cannot express (depth >= 1, lr > 0, ...) are checked by `validate`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A user error in the config: reported as one line, never as a traceback."""
+
+
+# --- paths ---------------------------------------------------------------------------------
+
+def project_root() -> Path:
+    """The checkout that holds conf/ (stabexp is installed editable from it)."""
+    here = Path(__file__).resolve().parents[2]
+    if (here / "conf").is_dir():
+        return here
+    return Path.cwd()
+
+
+def conf_dir() -> Path:
+    return Path(os.environ.get("STABEXP_CONF", project_root() / "conf")).resolve()
+
+
+def outputs_dir() -> Path:
+    """Where every run folder goes, whatever the working directory."""
+    return Path(os.environ.get("STABEXP_OUTPUTS", project_root() / "outputs")).resolve()
+
+
+def run_name(overrides) -> str:
+    """A folder name made from a job's overrides, so that re-running the same command (or the
+    same sweep) finds the same folder. Hydra gives the overrides as `key=value` strings."""
+    parts = sorted(str(o) for o in overrides if not str(o).startswith("hydra"))
+    name = "__".join(parts).replace("/", "-").replace(" ", "") or "default"
+    if len(name) > 150:  # keep under file-system limits, stay deterministic
+        import hashlib
+
+        name = name[:120] + "__" + hashlib.sha1(name.encode()).hexdigest()[:10]
+    return name
+
+
+# Resolvers used by conf/config.yaml's hydra section; registered once at import.
+if not OmegaConf.has_resolver("stabexp_outputs"):
+    OmegaConf.register_new_resolver("stabexp_outputs", lambda: str(outputs_dir()))
+    OmegaConf.register_new_resolver("stabexp_run_name", run_name)
+
+
+# --- schema --------------------------------------------------------------------------------
+
+RESIDUAL_STYLES = ("postln", "preln", "deepnorm", "admin")
+SCHEDULES = ("constant", "warmup_inverse_sqrt")
+
+
+@dataclass
+class GroupConfig:
+    """A control group: a residual style, an init rule and an lr schedule (conf/group/*.yaml)."""
+
+    name: str = MISSING
+    description: str = ""      # one line for `stabexp list`
+    citation: str = ""         # paper (and section) the group reproduces
+    residual: str = MISSING    # one of RESIDUAL_STYLES; see model/transformer.py Residual.forward
+    init: str = MISSING        # a key of model/init.py INIT_RULES
+    schedule: str = MISSING    # one of SCHEDULES; see train/schedule.py
+
+
+@dataclass
+class ModelConfig:
+    """Width of the Transformer (conf/model/*.yaml). Depth is the top-level `depth`."""
+
+    name: str = MISSING
+    d_model: int = 64          # residual width d
+    ffn_dim: int = 128         # FFN hidden width
+    n_heads: int = 2           # attention heads; d_model must divide by it
+    dropout: float = 0.0       # on branch outputs and attention; 0 keeps runs deterministic
+
+
+@dataclass
+class TaskConfig:
+    """The synthetic task (conf/task/*.yaml): generated in-process from the seed."""
+
+    name: str = MISSING
+    vocab_size: int = 16       # symbols incl. BOS; chance loss is ln(vocab_size - 1)
+    seq_len: int = 10          # source and target length
+    eval_batch_size: int = 256  # fixed held-out batch for eval loss / accuracy
+    probe_batch_size: int = 32  # fixed batch x of the model update F(x, theta_i)
+
+
+@dataclass
+class OptimConfig:
+    """The optimiser (conf/optim/*.yaml)."""
+
+    name: str = MISSING
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 600            # optimiser steps
+    # Peak lr. 1e-3 rather than DeepNet's 5e-4: at 5e-4 the tiny 18L-18L Post-LN model still
+    # learns without warm-up on the reverse task (README, "What it shows").
+    lr: float = 1e-3
+    warmup_steps: int = 100     # linear warm-up length, for schedules that warm up
+    batch_size: int = 64
+    clip_norm: float = 0.0      # total grad-norm clipping; 0 = off (as in the studies)
+    eval_every: int = 100       # eval loss / accuracy on the held-out batch every so many steps
+    explode_factor: float = 4.0  # a loss above this multiple of chance counts as diverged
+    device: str = "auto"        # auto (cuda when present), cpu or cuda
+    threads: int = 0            # torch intra-op threads; 0 = torch's default
+
+
+@dataclass
+class ProbeConfig:
+    every: int = 10             # write metrics/layers rows every so many steps
+    first_steps: int = 20       # ... and at every step up to this one (early training)
+    log_every: int = 100        # log line every so many steps when stderr is not a terminal
+
+
+@dataclass
+class Config:
+    group: GroupConfig = MISSING
+    model: ModelConfig = MISSING
+    task: TaskConfig = MISSING
+    optim: OptimConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    depth: int = 18                     # N: encoder layers (and decoder layers unless set)
+    decoder_depth: Optional[int] = None  # M, when it differs from N
+    seed: int = 0                       # fixes init, data and probe batch
+    overwrite: bool = False             # re-run a folder that already holds a finished run
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="stabexp_schema", node=Config)
+
+
+register_configs()
+
+
+# --- checks a type cannot express ----------------------------------------------------------
+
+def _need(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value} is not allowed: {allowed}")
+
+
+def _schema() -> DictConfig:
+    """The schema with every group filled in, so that its keys can be listed."""
+    return OmegaConf.structured(Config(group=GroupConfig(), model=ModelConfig(),
+                                       task=TaskConfig(), optim=OptimConfig()))
+
+
+def unknown_key_message(key: str) -> str:
+    """'unknown key ...' naming what the nearest known parent of `key` accepts."""
+    schema = _schema()
+    parts = key.split(".")
+    node, known_path = schema, []
+    for part in parts[:-1]:
+        child = node.get(part) if isinstance(node, DictConfig) else None
+        if not isinstance(child, DictConfig):
+            break
+        node, known_path = child, known_path + [part]
+    where = f"'{'.'.join(known_path)}'" if known_path else "the top level"
+    return f"unknown key '{key}': {where} accepts {', '.join(sorted(node.keys()))}"
+
+
+def _check_known_keys(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> None:
+    # Hydra lets `+key=value` add keys even to a structured config; the schema does not.
+    for key in cfg.keys():
+        if key not in schema.keys():
+            raise ConfigError(unknown_key_message(prefix + str(key)))
+        child, child_schema = cfg.get(key), schema.get(key)
+        if isinstance(child, DictConfig) and isinstance(child_schema, DictConfig):
+            _check_known_keys(child, child_schema, f"{prefix}{key}.")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError with one line naming the bad value and what is allowed."""
+    from stabexp.model.init import INIT_RULES
+
+    _check_known_keys(cfg, _schema())
+    _need(cfg.depth >= 1, "depth", cfg.depth, "must be an integer >= 1")
+    if cfg.decoder_depth is not None:
+        _need(cfg.decoder_depth >= 1, "decoder_depth", cfg.decoder_depth,
+              "must be an integer >= 1 (or null for decoder_depth = depth)")
+    g = cfg.group
+    _need(g.residual in RESIDUAL_STYLES, "group.residual", g.residual,
+          f"one of {', '.join(RESIDUAL_STYLES)}")
+    _need(g.init in INIT_RULES, "group.init", g.init, f"one of {', '.join(INIT_RULES)}")
+    _need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
+    _need(g.init != "admin_profiled" or g.residual == "admin", "group.init", g.init,
+          "admin_profiled sets Admin's omegas, so it needs group.residual=admin")
+    m = cfg.model
+    for key in ("d_model", "ffn_dim", "n_heads"):
+        _need(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
+    _need(m.d_model % m.n_heads == 0, "model.n_heads", m.n_heads,
+          f"must divide model.d_model={m.d_model}")
+    _need(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "must be in [0, 1)")
+    t = cfg.task
+    _need(t.vocab_size >= 3, "task.vocab_size", t.vocab_size, "must be >= 3")
+    for key in ("seq_len", "eval_batch_size", "probe_batch_size"):
+        _need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
+    o = cfg.optim
+    _need(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
+          list(o.betas), "two numbers in [0, 1)")
+    _need(o.eps > 0, "optim.eps", o.eps, "must be > 0")
+    _need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
+    tr = cfg.train
+    _need(tr.steps >= 1, "train.steps", tr.steps, "must be an integer >= 1")
+    _need(tr.lr > 0, "train.lr", tr.lr, "must be > 0")
+    _need(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, "must be >= 0")
+    _need(tr.batch_size >= 1, "train.batch_size", tr.batch_size, "must be an integer >= 1")
+    _need(tr.clip_norm >= 0, "train.clip_norm", tr.clip_norm, "must be >= 0 (0 = off)")
+    _need(tr.eval_every >= 1, "train.eval_every", tr.eval_every, "must be an integer >= 1")
+    _need(tr.explode_factor > 1, "train.explode_factor", tr.explode_factor, "must be > 1")
+    _need(tr.device in ("auto", "cpu", "cuda"), "train.device", tr.device, "one of auto, cpu, cuda")
+    _need(tr.threads >= 0, "train.threads", tr.threads, "must be >= 0 (0 = torch default)")
+    p = cfg.probe
+    _need(p.every >= 1, "probe.every", p.every, "must be an integer >= 1")
+    _need(p.first_steps >= 0, "probe.first_steps", p.first_steps, "must be >= 0")
+    _need(p.log_every >= 1, "probe.log_every", p.log_every, "must be an integer >= 1")

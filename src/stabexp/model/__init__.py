@@ -1,0 +1,35 @@
+"""The encoder-decoder Transformer (transformer.py) and its named init rules (init.py)."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+from stabexp.model.init import INIT_RULES, deepnorm_encoder_decoder
+from stabexp.model.transformer import Seq2SeqTransformer, TransformerConfig
+
+
+def build_model(cfg, vocab_size: int) -> Seq2SeqTransformer:
+    """The model a run's config describes, before its init rule runs."""
+    n_enc = cfg.depth
+    n_dec = cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth
+    alphas = {"encoder": 1.0, "decoder": 1.0}
+    if cfg.group.residual == "deepnorm":
+        alphas = {s: c["alpha"] for s, c in deepnorm_encoder_decoder(n_enc, n_dec).items()}
+    return Seq2SeqTransformer(TransformerConfig(
+        vocab_size=vocab_size, d_model=cfg.model.d_model, ffn_dim=cfg.model.ffn_dim,
+        n_heads=cfg.model.n_heads, encoder_layers=n_enc, decoder_layers=n_dec,
+        residual=cfg.group.residual, encoder_alpha=alphas["encoder"],
+        decoder_alpha=alphas["decoder"], dropout=cfg.model.dropout,
+    ))
+
+
+def initialise(model: Seq2SeqTransformer, rule: str, batch: Callable) -> Dict:
+    """Apply a named init rule; return every constant the residual style and the rule resolved."""
+    constants: Dict = {"residual": model.config.residual, "init": rule,
+                       "alpha": {"encoder": model.config.encoder_alpha,
+                                 "decoder": model.config.decoder_alpha}}
+    constants.update(INIT_RULES[rule](model, batch))
+    return constants
+
+
+__all__ = ["Seq2SeqTransformer", "TransformerConfig", "build_model", "initialise", "INIT_RULES"]

@@ -1,0 +1,59 @@
+"""Read every run folder under outputs/ into tidy tables, one row per run and step.
+
+A run folder is any folder holding summary.json; its id is its path relative to outputs/.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict
+
+import pandas as pd
+
+RUN_COLUMNS = ["run", "group", "depth", "decoder_depth", "seed", "model", "status"]
+
+
+def find_runs(outputs: Path):
+    return sorted(p.parent for p in Path(outputs).rglob("summary.json")
+                  if "collected" not in p.parts and "figures" not in p.parts)
+
+
+def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
+    """{"runs": one row per run, "metrics": per run and step, "layers": per run, step, sublayer}."""
+    outputs = Path(outputs)
+    runs, metrics, layers = [], [], []
+    for folder in find_runs(outputs):
+        try:
+            summary = json.loads((folder / "summary.json").read_text())
+        except json.JSONDecodeError:
+            continue
+        run_id = str(folder.relative_to(outputs))
+        info = {"run": run_id, **{k: summary.get(k) for k in RUN_COLUMNS[1:]}}
+        runs.append({**info, "steps_done": summary.get("steps_done"),
+                     "diverged_at_step": summary.get("diverged_at_step"),
+                     "final_eval_loss": summary.get("final_eval_loss"),
+                     "final_eval_acc": summary.get("final_eval_acc"),
+                     "chance_loss": summary.get("chance_loss")})
+        for name, sink in (("metrics.csv", metrics), ("layers.csv", layers)):
+            path = folder / name
+            if path.exists() and path.stat().st_size > 0:
+                frame = pd.read_csv(path)
+                for key, value in reversed(list(info.items())):
+                    frame.insert(0, key, value)
+                sink.append(frame)
+    return {
+        "runs": pd.DataFrame(runs),
+        "metrics": pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(),
+        "layers": pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(),
+    }
+
+
+def write_collected(outputs: Path) -> Path:
+    """Write outputs/collected/{runs,metrics,layers}.csv; return that folder."""
+    tables = collect(outputs)
+    target = Path(outputs) / "collected"
+    target.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        frame.to_csv(target / f"{name}.csv", index=False)
+    return target

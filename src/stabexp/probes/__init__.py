@@ -1,0 +1,88 @@
+"""Probes: what the studies measure, computed on device with one host sync per probe.
+
+- model_update: DeepNet Sec. 3 / Fig. 3(a), ||F(x, theta_i) - F(x, theta_0)||.
+- per-sublayer gradient norms: DeepNet Fig. 3(d) / Fig. 2.
+- ln_input_norm: DeepNet Fig. 3(b,c), the mean L2 norm of each LayerNorm's input.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+
+from stabexp.model.transformer import Seq2SeqTransformer
+
+
+def model_update(features: torch.Tensor, features_init: torch.Tensor) -> torch.Tensor:
+    """||F(x, theta_i) - F(x, theta_0)|| for F of shape (B, T, d), normalised per token:
+    sqrt(mean over the B*T target tokens of ||dF_token||_2^2) = ||dF||_F / sqrt(B T).
+    The Frobenius norm of the whole batch would grow like sqrt(B T); this does not, so the
+    value does not depend on the probe batch size (DeepNet does not state its normalisation)."""
+    diff = (features - features_init).flatten(0, -2)
+    return torch.linalg.vector_norm(diff) / diff.shape[0] ** 0.5
+
+
+class LayerProbe:
+    """Per-sublayer statistics of a model, in `model.residuals()` order.
+
+    The parameters of a sublayer are its branch (attention or FFN), its LayerNorm and, for
+    Admin, its omega. Norms come from one torch._foreach_norm over all gradients, summed per
+    sublayer on device, so there is no Python work per parameter beyond building lists.
+    """
+
+    def __init__(self, model: Seq2SeqTransformer):
+        self.model = model
+        self.keys: List[Tuple[str, int, str]] = []
+        self.params: List[torch.nn.Parameter] = []
+        owner: List[int] = []
+        for i, (stack, layer, name, res) in enumerate(model.residuals()):
+            self.keys.append((stack, layer, name))
+            for p in res.parameters():
+                self.params.append(p)
+                owner.append(i)
+        self.all_params = [p for p in model.parameters()]
+        device = self.all_params[0].device
+        self.owner = torch.tensor(owner, dtype=torch.long, device=device)
+
+    def grad_norms(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(total gradient norm of the model, gradient norm per sublayer); NaN before any
+        backward pass."""
+        device = self.owner.device
+        n = len(self.keys)
+        grads = [p.grad for p in self.all_params if p.grad is not None]
+        if not grads:
+            nan = torch.full((), float("nan"), device=device)
+            return nan, torch.full((n,), float("nan"), device=device)
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        sub_grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        sq = torch.stack(torch._foreach_norm(sub_grads)) ** 2
+        per_sublayer = torch.zeros(n, device=device, dtype=sq.dtype).index_add_(0, self.owner, sq).sqrt()
+        return total, per_sublayer
+
+    @torch.no_grad()
+    def features_with_ln_norms(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """F(x, theta) in eval mode, plus each sublayer's ln_input_norm on the same pass."""
+        residuals = [res for *_, res in self.model.residuals()]
+        was_training = self.model.training
+        self.model.eval()
+        for res in residuals:
+            res.record_ln_input = True
+        try:
+            feats = self.model.features(src, tgt_in)
+            ln_norms = torch.stack([res.ln_input_norm for res in residuals])
+        finally:
+            for res in residuals:
+                res.record_ln_input = False
+                res.ln_input_norm = None
+            self.model.train(was_training)
+        return feats, ln_norms
+
+
+def rows_for_layers(step: int, keys, grad_norms: List[float], ln_norms: List[float]) -> List[Dict]:
+    """Tidy rows of layers.csv: one per (step, stack, layer, sublayer)."""
+    return [
+        {"step": step, "stack": stack, "layer": layer, "sublayer": name,
+         "grad_norm": g, "ln_input_norm": n}
+        for (stack, layer, name), g, n in zip(keys, grad_norms, ln_norms)
+    ]

@@ -1,0 +1,1 @@
+"""The training loop (trainer.py) and its lr schedules (schedule.py)."""

@@ -1,0 +1,112 @@
+"""The `stabexp` console script end to end, in a subprocess, as a researcher types it."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import TINY
+
+
+def _one_line_error(result, *words):
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def test_run_writes_a_self_describing_folder(stabexp_cli):
+    r = stabexp_cli("run", *TINY, "group=deepnorm")
+    assert r.returncode == 0, r.stderr
+    runs = list((stabexp_cli.outputs / "runs").iterdir())
+    assert len(runs) == 1
+    run = runs[0]
+    assert "group=deepnorm" in run.name
+    for name in ("config.yaml", "metrics.csv", "layers.csv", "summary.json", ".hydra/config.yaml"):
+        assert (run / name).exists(), name
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["group"] == "deepnorm"
+    assert set(summary["constants"]["deepnorm"]) == {"encoder", "decoder"}
+    assert str(run) in r.stdout + r.stderr  # says where the results are
+
+
+def test_multirun_puts_one_folder_per_job_under_one_sweep_folder(stabexp_cli):
+    r = stabexp_cli("run", "-m", *TINY, "group=postln,admin")
+    assert r.returncode == 0, r.stderr
+    sweeps = list((stabexp_cli.outputs / "multirun").iterdir())
+    assert len(sweeps) == 1 and "group=postln,admin" in sweeps[0].name
+    jobs = sorted(p.name for p in sweeps[0].iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert len(jobs) == 2
+    assert any("group=postln" in j for j in jobs) and any("group=admin" in j for j in jobs)
+    for job in jobs:
+        assert json.loads((sweeps[0] / job / "summary.json").read_text())["status"] == "completed"
+    # Re-running the same sweep finds the same folders and leaves finished runs alone.
+    before = {j: (sweeps[0] / j / "metrics.csv").read_bytes() for j in jobs}
+    again = stabexp_cli("run", "-m", *TINY, "group=postln,admin")
+    assert again.returncode == 0, again.stderr
+    assert list((stabexp_cli.outputs / "multirun").iterdir()) == sweeps
+    assert {j: (sweeps[0] / j / "metrics.csv").read_bytes() for j in jobs} == before
+
+
+def test_forced_divergence_exits_zero_and_keeps_rows(stabexp_cli):
+    r = stabexp_cli("run", *TINY, "group=postln", "train.lr=1000", "train.steps=50")
+    assert r.returncode == 0, r.stderr
+    run = next((stabexp_cli.outputs / "runs").iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] >= 1
+    assert pd.read_csv(run / "metrics.csv")["step"].iloc[-1] == summary["diverged_at_step"]
+
+
+def test_sweep_goes_on_past_a_diverged_run(stabexp_cli):
+    r = stabexp_cli("run", "-m", *TINY, "group=postln", "train.steps=50", "train.lr=1000,0.001")
+    assert r.returncode == 0, r.stderr
+    sweep = next((stabexp_cli.outputs / "multirun").iterdir())
+    statuses = sorted(json.loads(p.read_text())["status"] for p in sweep.glob("*/summary.json"))
+    assert statuses == ["completed", "diverged"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["group=nope"], ["group=nope", "postln_warmup", "deepnorm"]),
+    (["depth=0"], ["depth=0", ">= 1"]),
+    (["train.lr=-0.1"], ["train.lr=-0.1", "> 0"]),
+    (["depth=abc"], ["depth=abc"]),
+    (["dpeth=3"], ["dpeth", "depth"]),
+    (["train.stepz=3"], ["train.stepz", "steps"]),
+    (["model=huge"], ["model=huge", "tiny", "base"]),
+    (["-m", "depth=6,0"], ["depth=0"]),
+    (["depth=6,18"], ["depth=6,18", "-m"]),
+])
+def test_bad_input_is_one_clear_line(stabexp_cli, args, words):
+    r = stabexp_cli("run", *args)
+    assert r.returncode == 2
+    _one_line_error(r, *words)
+    assert not stabexp_cli.outputs.exists() or not any(stabexp_cli.outputs.rglob("metrics.csv"))
+
+
+def test_bad_input_does_not_touch_a_finished_run(stabexp_cli):
+    assert stabexp_cli("run", *TINY).returncode == 0
+    run = next((stabexp_cli.outputs / "runs").iterdir())
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    r = stabexp_cli("run", *TINY, "train.lr=-1")
+    assert r.returncode == 2
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_cfg_job_prints_the_config_and_runs_nothing(stabexp_cli):
+    r = stabexp_cli("run", "group=admin", "depth=7", "--cfg", "job")
+    assert r.returncode == 0, r.stderr
+    assert "residual: admin" in r.stdout and "depth: 7" in r.stdout
+    assert not (stabexp_cli.outputs / "runs").exists() or not any((stabexp_cli.outputs / "runs").rglob("metrics.csv"))
+
+
+def test_help_and_list(stabexp_cli):
+    r = stabexp_cli("run", "--help")
+    assert r.returncode == 0 and "group" in r.stdout
+    r = stabexp_cli("list")
+    assert r.returncode == 0
+    for group in ("postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin"):
+        assert any(line.startswith(group + " ") for line in r.stdout.splitlines()), group
+    assert "arXiv 2203.00555" in r.stdout and "arXiv 2004.08249" in r.stdout

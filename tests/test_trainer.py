@@ -1,0 +1,91 @@
+"""train(cfg, out_dir) called directly on composed configs: files, probes, statuses."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from stabexp.probes import model_update
+from stabexp.train.trainer import LAYERS_COLUMNS, METRICS_COLUMNS, train
+
+
+def _probe_steps(steps, first, every, eval_every):
+    return [s for s in range(0, steps + 1)
+            if s <= first or s % every == 0 or s % eval_every == 0 or s == steps]
+
+
+@pytest.mark.parametrize("group", ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin"])
+def test_every_group_runs_and_writes_tidy_files(make_cfg, tmp_path, group):
+    cfg = make_cfg(f"group={group}", "depth=2", "decoder_depth=3", "train.steps=7")
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "completed" and summary["steps_done"] == 7
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    assert list(metrics.columns) == METRICS_COLUMNS
+    assert list(layers.columns) == LAYERS_COLUMNS
+    steps = _probe_steps(7, 2, 3, 3)
+    assert metrics["step"].tolist() == steps
+    # One row per (probe step, stack, layer, sublayer): 2 encoder layers x 2 + 3 decoder x 3.
+    assert len(layers) == len(steps) * (2 * 2 + 3 * 3)
+    first = layers[layers.step == steps[-1]]
+    assert set(first.sublayer[first["stack"] == "encoder"]) == {"self_attn", "ffn"}
+    assert set(first.sublayer[first["stack"] == "decoder"]) == {"self_attn", "cross_attn", "ffn"}
+    assert sorted(set(first.layer[first["stack"] == "decoder"])) == [1, 2, 3]
+    assert first.grad_norm.gt(0).all() and first.ln_input_norm.gt(0).all()
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["status"] == "completed" and written["group"] == group
+    assert written["constants"]["residual"] == cfg.group.residual
+    assert (tmp_path / "config.yaml").exists()
+
+
+def test_model_update_is_zero_before_the_first_step(make_cfg, tmp_path):
+    train(make_cfg("group=postln"), tmp_path)
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert metrics.loc[0, "step"] == 0 and metrics.loc[0, "model_update"] == 0.0
+    assert (metrics.loc[1:, "model_update"] > 0).all()
+
+
+def test_model_update_does_not_depend_on_the_probe_batch_size():
+    torch.manual_seed(0)
+    f0, f1 = torch.randn(4, 5, 8), torch.randn(4, 5, 8)
+    bigger = model_update(torch.cat([f1, f1, f1]), torch.cat([f0, f0, f0]))
+    assert model_update(f1, f0).item() == pytest.approx(bigger.item(), rel=1e-6)
+    # ... and it is the per-token RMS of the L2 change.
+    per_token = (f1 - f0).norm(dim=-1)
+    assert model_update(f1, f0).item() == pytest.approx(per_token.pow(2).mean().sqrt().item(), rel=1e-6)
+
+
+def test_postln_first_step_moves_the_model_more_than_with_warmup(make_cfg, tmp_path):
+    updates = {}
+    for group in ("postln", "postln_warmup"):
+        out = tmp_path / group
+        train(make_cfg(f"group={group}", "train.steps=1", "train.warmup_steps=100"), out)
+        updates[group] = pd.read_csv(out / "metrics.csv").set_index("step").loc[1, "model_update"]
+    assert updates["postln"] > 10 * updates["postln_warmup"]
+
+
+def test_forced_divergence_is_a_result(make_cfg, tmp_path):
+    cfg = make_cfg("group=postln", "train.lr=1000", "train.steps=50")
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "diverged"
+    k = summary["diverged_at_step"]
+    assert 1 <= k <= 50 and summary["steps_done"] == k - 1
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert metrics["step"].iloc[-1] == k  # the diverging loss is kept as the last row
+
+
+def test_finished_run_is_not_overwritten(make_cfg, tmp_path):
+    cfg = make_cfg("group=postln")
+    train(cfg, tmp_path)
+    before = (tmp_path / "metrics.csv").read_bytes()
+    again = train(make_cfg("group=postln", "train.lr=0.1"), tmp_path)
+    assert again["status"] == "completed"
+    assert (tmp_path / "metrics.csv").read_bytes() == before
+
+
+def test_seed_fixes_the_run(make_cfg, tmp_path):
+    a = train(make_cfg("group=admin", "seed=3"), tmp_path / "a")
+    b = train(make_cfg("group=admin", "seed=3"), tmp_path / "b")
+    assert a["last_loss"] == b["last_loss"]
+    assert a["constants"]["admin_omega"] == b["constants"]["admin_omega"]
