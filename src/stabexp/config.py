@@ -117,7 +117,7 @@ class TrainConfig:
     batch_size: int = 64
     clip_norm: float = 0.0      # total grad-norm clipping; 0 = off (as in the studies)
     eval_every: int = 100       # eval loss / accuracy on the held-out batch every so many steps
-    explode_factor: float = 4.0  # a loss above this multiple of chance counts as diverged
+    explode_factor: float = 4.0  # loss > this x max(chance loss, first loss) counts as diverged
     device: str = "auto"        # auto (cuda when present), cpu or cuda
     threads: int = 0            # torch intra-op threads; 0 = torch's default
 

@@ -5,7 +5,8 @@ Files (all in out_dir):
 - metrics.csv: one row per probe step (step 0 = at init, then every step up to
   probe.first_steps, every probe.every steps, every eval step and the last step).
 - layers.csv: one row per (probe step, stack, layer, sublayer).
-- summary.json: status (completed | diverged | failed), losses, timing, resolved constants.
+- summary.json: status (running | completed | diverged | interrupted | failed), losses, timing,
+  resolved constants.
 
 Row at step i: `loss`, `grad_norm` and `lr` belong to optimiser step i (computed on theta_{i-1});
 `model_update`, `ln_input_norm` and the eval columns are measured on theta_i, after the step.
@@ -115,6 +116,10 @@ def train(cfg: DictConfig, out_dir) -> Dict:
     start = time.perf_counter()
     try:
         summary.update(_train(cfg, out_dir, summary, start))
+    except KeyboardInterrupt:
+        summary.update(status="interrupted", wall_seconds=time.perf_counter() - start)
+        _write_json(out_dir / "summary.json", summary)
+        raise
     except Exception as err:
         summary.update(status="failed", error=f"{type(err).__name__}: {err}",
                        wall_seconds=time.perf_counter() - start)
@@ -153,7 +158,9 @@ def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float) -> Dict:
         opt, lambda i: lr_factor(cfg.group.schedule, i + 1, t.warmup_steps))
     probe = LayerProbe(model)
     is_probe_step = _probe_steps(cfg)
-    explode_at = t.explode_factor * task.chance_loss
+    # Exploding = above explode_factor times the larger of the chance loss and the first loss
+    # (the first loss can sit far above chance: tied embeddings with a strong identity path).
+    explode_at = float("inf")
 
     metrics = _CsvLog(out_dir / "metrics.csv", METRICS_COLUMNS)
     layers = _CsvLog(out_dir / "layers.csv", LAYERS_COLUMNS)
@@ -181,7 +188,7 @@ def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float) -> Dict:
         layers.write(rows_for_layers(step, probe.keys, values[2:2 + n], values[2 + n:]))
         return row
 
-    step = 0
+    steps_done = 0
     try:
         with torch.no_grad():
             model.eval()
@@ -198,20 +205,22 @@ def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float) -> Dict:
             lr = sched.get_last_lr()[0]
             if result["first_loss"] is None:
                 result["first_loss"] = loss_value
+                if math.isfinite(loss_value):
+                    explode_at = t.explode_factor * max(task.chance_loss, loss_value)
             result["last_loss"] = loss_value
             if not math.isfinite(loss_value) or loss_value > explode_at:
-                # Diverged: record this step's loss and gradients, do not apply the step.
+                # Diverged: keep this step's loss as the last row; the step is not applied.
                 result.update(status="diverged", diverged_at_step=step)
                 metrics.write([{"step": step, "lr": lr, "loss": loss_value,
                                 "elapsed_s": time.perf_counter() - start}])
                 log.warning("diverged at step %d (loss %s)", step, loss_value)
-                step -= 1
                 break
             grads = probe.grad_norms() if is_probe_step(step) else None
             if t.clip_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
             opt.step()
             sched.step()
+            steps_done = step
             if grads is not None:
                 row = record(step, lr, loss_value, grads)
                 progress.update(step, loss_value, row["model_update"])
@@ -222,7 +231,8 @@ def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float) -> Dict:
         layers.close()
         progress.close()
     wall = time.perf_counter() - start
-    result.update(steps_done=step, wall_seconds=wall, steps_per_second=step / wall if wall > 0 else None)
+    result.update(steps_done=steps_done, wall_seconds=wall,
+                  steps_per_second=steps_done / wall if wall > 0 else None)
     return result
 
 
