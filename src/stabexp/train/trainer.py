@@ -246,7 +246,7 @@ class _Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=cfg.train.steps, desc=f"{cfg.group.name} L{cfg.depth}",
-                            dynamic_ncols=True, leave=True)
+                            leave=True)
 
     def update(self, step: int, loss: float, update: Optional[float]) -> None:
         if update is not None:
