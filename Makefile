@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test plots clean-outputs
+.PHONY: install run test plots bench
 
 install: $(STAMP)
 
@@ -28,3 +28,7 @@ test: install
 
 plots: install
 	$(BIN)/python scripts/make_plots.py
+
+# Speed and memory against a plain torch.nn.Transformer loop (about 20 min on 2 cores).
+bench: install
+	$(BIN)/stabexp bench

@@ -89,3 +89,20 @@ def test_seed_fixes_the_run(make_cfg, tmp_path):
     b = train(make_cfg("group=admin", "seed=3"), tmp_path / "b")
     assert a["last_loss"] == b["last_loss"]
     assert a["constants"]["admin_omega"] == b["constants"]["admin_omega"]
+
+
+@pytest.mark.parametrize("group", ["postln", "admin"])
+def test_probes_do_not_change_the_run(make_cfg, tmp_path, group):
+    """Probes at every step and probes off give bit-identical losses and eval results."""
+    common = [f"group={group}", "train.steps=8", "train.eval_every=4"]
+    on = train(make_cfg(*common, "probe.every=1"), tmp_path / "on")
+    off = train(make_cfg(*common, "probe.enabled=false"), tmp_path / "off")
+    m_on = pd.read_csv(tmp_path / "on" / "metrics.csv").set_index("step")
+    m_off = pd.read_csv(tmp_path / "off" / "metrics.csv").set_index("step")
+    assert list(m_off.index) == [0, 4, 8] and m_off.model_update.isna().all()
+    assert len(m_on) == 9 and m_on.model_update.notna().all()
+    for col in ("loss", "eval_loss", "eval_acc"):
+        pd.testing.assert_series_equal(m_on.loc[m_off.index, col], m_off[col], check_exact=True)
+    for key in ("first_loss", "last_loss", "final_eval_loss", "final_eval_acc"):
+        assert on[key] == off[key], key
+    assert not (tmp_path / "off" / "layers.csv").read_text().strip().count("\n")

@@ -20,6 +20,7 @@ log = logging.getLogger("stabexp")
 
 USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one run, or a sweep with -m
        stabexp list                                        the control groups
+       stabexp bench [--sizes tiny,small] [--depths 6,18,50]  speed and memory against torch.nn.Transformer
 Examples:
   stabexp run group=postln depth=18
   stabexp run -m group=postln,postln_warmup depth=6,18
@@ -178,7 +179,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return cmd_run(rest)
     if command == "list":
         return cmd_list()
-    print(f"stabexp: error: unknown command {command!r}: use run or list", file=sys.stderr)
+    if command == "bench":
+        from stabexp.bench import main as bench_main
+
+        return bench_main(rest)
+    print(f"stabexp: error: unknown command {command!r}: use run, list or bench", file=sys.stderr)
     return 2
 
 

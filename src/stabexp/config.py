@@ -124,6 +124,7 @@ class TrainConfig:
 
 @dataclass
 class ProbeConfig:
+    enabled: bool = True        # false: no model update / per-layer rows (loss and eval only)
     every: int = 10             # write metrics/layers rows every so many steps
     first_steps: int = 20       # ... and at every step up to this one (early training)
     log_every: int = 100        # log line every so many steps when stderr is not a terminal

@@ -122,7 +122,8 @@ class Residual(nn.Module):
         raise ValueError(f"unknown residual style {self.style!r}")
 
     def _g(self, x: torch.Tensor, *context: torch.Tensor) -> torch.Tensor:
-        return F.dropout(self.branch(x, *context), self.dropout, self.training)
+        g = self.branch(x, *context)
+        return F.dropout(g, self.dropout, self.training) if self.dropout > 0 else g
 
     def _ln(self, x: torch.Tensor) -> torch.Tensor:
         if self.record_ln_input:

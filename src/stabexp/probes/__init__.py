@@ -34,6 +34,7 @@ class LayerProbe:
     def __init__(self, model: Seq2SeqTransformer):
         self.model = model
         self.keys: List[Tuple[str, int, str]] = []
+        self.residuals = [res for *_, res in model.residuals()]
         self.params: List[torch.nn.Parameter] = []
         owner: List[int] = []
         for i, (stack, layer, name, res) in enumerate(model.residuals()):
@@ -62,10 +63,14 @@ class LayerProbe:
 
     @torch.no_grad()
     def features_with_ln_norms(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """F(x, theta) in eval mode, plus each sublayer's ln_input_norm on the same pass."""
-        residuals = [res for *_, res in self.model.residuals()]
-        was_training = self.model.training
-        self.model.eval()
+        """F(x, theta) in eval mode (no dropout), plus each sublayer's ln_input_norm on the
+        same pass."""
+        residuals = self.residuals
+        # Eval mode only matters with dropout; toggling every module costs more than the
+        # probe's own arithmetic in a deep tiny model, so skip it when nothing would change.
+        toggle = self.model.training and self.model.config.dropout > 0
+        if toggle:
+            self.model.eval()
         for res in residuals:
             res.record_ln_input = True
         try:
@@ -75,7 +80,8 @@ class LayerProbe:
             for res in residuals:
                 res.record_ln_input = False
                 res.ln_input_norm = None
-            self.model.train(was_training)
+            if toggle:
+                self.model.train()
         return feats, ln_norms
 
 

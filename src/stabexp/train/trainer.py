@@ -130,119 +130,149 @@ def train(cfg: DictConfig, out_dir) -> Dict:
     return summary
 
 
-def _probe_steps(cfg: DictConfig):
-    p, t = cfg.probe, cfg.train
-    return lambda step: (step <= p.first_steps or step % p.every == 0 or step % t.eval_every == 0
-                         or step == t.steps)
+class Run:
+    """One run's live state: model, optimiser, data, probes and open files.
+
+    train() drives it; the benchmark (bench.py) times `Run.step` itself, so both measure the
+    same code path.
+    """
+
+    def __init__(self, cfg: DictConfig, out_dir: Path, summary: Dict, start: float,
+                 show_progress: bool = True):
+        t = self.train_cfg = cfg.train
+        self.cfg, self.start = cfg, start
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.device = device = _device(t.device)
+        torch.manual_seed(cfg.seed)
+        self.task = task = TASKS[cfg.task.name](cfg.task.vocab_size, cfg.task.seq_len, cfg.seed, device)
+        self.eval_batch = task.eval_batch(cfg.task.eval_batch_size)
+        self.probe_src, self.probe_tgt_in, _ = task.probe_batch(cfg.task.probe_batch_size)
+
+        self.model = model = build_model(cfg, cfg.task.vocab_size).to(device)
+        summary["constants"] = initialise(model, cfg.group.init, lambda: task.init_batch(t.batch_size))
+        summary["chance_loss"] = task.chance_loss
+        _write_json(out_dir / "summary.json", summary)  # status "running": visible while it trains
+
+        self.opt = torch.optim.Adam(model.parameters(), lr=t.lr, betas=tuple(cfg.optim.betas),
+                                    eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
+                                    **_fast_adam(device))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda i: lr_factor(cfg.group.schedule, i + 1, t.warmup_steps))
+        self.probe = LayerProbe(model) if cfg.probe.enabled else None
+        # Exploding = above explode_factor times the larger of the chance loss and the first
+        # loss (the first loss can sit far above chance: tied embeddings, strong identity path).
+        self.explode_at = float("inf")
+        self.metrics = _CsvLog(out_dir / "metrics.csv", METRICS_COLUMNS)
+        self.layers = _CsvLog(out_dir / "layers.csv", LAYERS_COLUMNS)
+        self.progress = _Progress(cfg, show_progress)
+        self.steps_done = 0
+        self.result = {"status": "completed", "diverged_at_step": None, "first_loss": None,
+                       "last_loss": None, "best_eval_loss": None, "final_eval_loss": None,
+                       "final_eval_acc": None}
+        self.features_init = None
+        if self.probe is not None:
+            with torch.no_grad():
+                model.eval()
+                self.features_init = model.features(self.probe_src, self.probe_tgt_in).clone()
+        model.train()
+        self.record(0, None, None, None)
+
+    def is_eval_step(self, step: int) -> bool:
+        return step % self.train_cfg.eval_every == 0 or step == self.train_cfg.steps
+
+    def is_probe_step(self, step: int) -> bool:
+        p = self.cfg.probe
+        return p.enabled and (step <= p.first_steps or step % p.every == 0 or self.is_eval_step(step))
+
+    def step(self, step: int) -> bool:
+        """Optimiser step number `step` (1-based), probing if due; False when it diverged."""
+        t, model, result = self.train_cfg, self.model, self.result
+        src, tgt_in, tgt_out = self.task.train_batch(t.batch_size)
+        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten())
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        loss_value = loss.item()
+        lr = self.sched.get_last_lr()[0]
+        if result["first_loss"] is None:
+            result["first_loss"] = loss_value
+            if math.isfinite(loss_value):
+                self.explode_at = t.explode_factor * max(self.task.chance_loss, loss_value)
+        result["last_loss"] = loss_value
+        if not math.isfinite(loss_value) or loss_value > self.explode_at:
+            # Diverged: keep this step's loss as the last row; the step is not applied.
+            result.update(status="diverged", diverged_at_step=step)
+            self.metrics.write([{"step": step, "lr": lr, "loss": loss_value,
+                                 "elapsed_s": time.perf_counter() - self.start}])
+            log.warning("diverged at step %d (loss %s)", step, loss_value)
+            return False
+        grads = self.probe.grad_norms() if self.is_probe_step(step) else None
+        if t.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+        self.opt.step()
+        self.sched.step()
+        self.steps_done = step
+        row = None
+        if grads is not None or self.is_eval_step(step):
+            row = self.record(step, lr, loss_value, grads)
+        self.progress.update(step, loss_value, row.get("model_update") if row else None)
+        return True
+
+    def record(self, step: int, lr, loss, grads) -> Dict:
+        """Write the metrics row (and, with probes on, the layers rows) for `step`."""
+        row = {"step": step, "lr": lr, "loss": loss}
+        if self.probe is not None:
+            feats, ln_norms = self.probe.features_with_ln_norms(self.probe_src, self.probe_tgt_in)
+            update = model_update(feats, self.features_init)
+            total, per_sublayer = grads if grads is not None else self.probe.grad_norms()
+            n = per_sublayer.numel()
+            values = torch.cat([torch.stack([total.float(), update.float()]),
+                                per_sublayer.float(), ln_norms.float()]).tolist()  # one host sync
+            row.update(grad_norm=values[0], model_update=values[1])
+            self.layers.write(rows_for_layers(step, self.probe.keys, values[2:2 + n], values[2 + n:]))
+        if self.is_eval_step(step):
+            row.update(evaluate(self.model, self.eval_batch))
+            best = self.result["best_eval_loss"]
+            if math.isfinite(row["eval_loss"]) and (best is None or row["eval_loss"] < best):
+                self.result["best_eval_loss"] = row["eval_loss"]
+            self.result.update(final_eval_loss=row["eval_loss"], final_eval_acc=row["eval_acc"])
+        row["elapsed_s"] = time.perf_counter() - self.start
+        self.metrics.write([row])
+        return row
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.layers.close()
+        self.progress.close()
+
+
+def _fast_adam(device: torch.device) -> Dict:
+    # The fused kernel updates every tensor in one call; PyTorch's default on the CPU is a
+    # Python loop over parameters, which dominates the step of a 100-layer tiny model.
+    return {"fused": True} if device.type in ("cpu", "cuda") else {}
 
 
 def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float) -> Dict:
-    t = cfg.train
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    device = _device(t.device)
-    torch.manual_seed(cfg.seed)
-    task = TASKS[cfg.task.name](cfg.task.vocab_size, cfg.task.seq_len, cfg.seed, device)
-    eval_batch = task.eval_batch(cfg.task.eval_batch_size)
-    probe_src, probe_tgt_in, _ = task.probe_batch(cfg.task.probe_batch_size)
-
-    model = build_model(cfg, cfg.task.vocab_size).to(device)
-    constants = initialise(model, cfg.group.init, lambda: task.init_batch(t.batch_size))
-    summary["constants"] = constants
-    summary["chance_loss"] = task.chance_loss
-    _write_json(out_dir / "summary.json", summary)  # status "running": visible while it trains
-
-    opt = torch.optim.Adam(model.parameters(), lr=t.lr, betas=tuple(cfg.optim.betas),
-                           eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: lr_factor(cfg.group.schedule, i + 1, t.warmup_steps))
-    probe = LayerProbe(model)
-    is_probe_step = _probe_steps(cfg)
-    # Exploding = above explode_factor times the larger of the chance loss and the first loss
-    # (the first loss can sit far above chance: tied embeddings with a strong identity path).
-    explode_at = float("inf")
-
-    metrics = _CsvLog(out_dir / "metrics.csv", METRICS_COLUMNS)
-    layers = _CsvLog(out_dir / "layers.csv", LAYERS_COLUMNS)
-    progress = _Progress(cfg)
-    result = {"status": "completed", "diverged_at_step": None, "first_loss": None, "last_loss": None,
-              "best_eval_loss": None, "final_eval_loss": None, "final_eval_acc": None}
-
-    def record(step: int, lr, loss, grads) -> Dict:
-        feats, ln_norms = probe.features_with_ln_norms(probe_src, probe_tgt_in)
-        update = model_update(feats, features_init) if step > 0 else torch.zeros((), device=device)
-        total, per_sublayer = grads
-        n = per_sublayer.numel()
-        values = torch.cat([torch.stack([total.float(), update.float()]),
-                            per_sublayer.float(), ln_norms.float()]).tolist()  # the one host sync
-        row = {"step": step, "lr": lr, "loss": loss, "grad_norm": values[0], "model_update": values[1],
-               "eval_loss": None, "eval_acc": None}
-        if step % t.eval_every == 0 or step == t.steps:
-            row.update(evaluate(model, eval_batch))
-            best = result["best_eval_loss"]
-            if math.isfinite(row["eval_loss"]) and (best is None or row["eval_loss"] < best):
-                result["best_eval_loss"] = row["eval_loss"]
-            result["final_eval_loss"], result["final_eval_acc"] = row["eval_loss"], row["eval_acc"]
-        row["elapsed_s"] = time.perf_counter() - start
-        metrics.write([row])
-        layers.write(rows_for_layers(step, probe.keys, values[2:2 + n], values[2 + n:]))
-        return row
-
-    steps_done = 0
+    run = Run(cfg, out_dir, summary, start)
     try:
-        with torch.no_grad():
-            model.eval()
-            features_init = model.features(probe_src, probe_tgt_in).clone()
-            model.train()
-        record(0, None, None, probe.grad_norms())
-        for step in range(1, t.steps + 1):
-            src, tgt_in, tgt_out = task.train_batch(t.batch_size)
-            logits = model(src, tgt_in)
-            loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            loss_value = loss.item()
-            lr = sched.get_last_lr()[0]
-            if result["first_loss"] is None:
-                result["first_loss"] = loss_value
-                if math.isfinite(loss_value):
-                    explode_at = t.explode_factor * max(task.chance_loss, loss_value)
-            result["last_loss"] = loss_value
-            if not math.isfinite(loss_value) or loss_value > explode_at:
-                # Diverged: keep this step's loss as the last row; the step is not applied.
-                result.update(status="diverged", diverged_at_step=step)
-                metrics.write([{"step": step, "lr": lr, "loss": loss_value,
-                                "elapsed_s": time.perf_counter() - start}])
-                log.warning("diverged at step %d (loss %s)", step, loss_value)
+        for step in range(1, cfg.train.steps + 1):
+            if not run.step(step):
                 break
-            grads = probe.grad_norms() if is_probe_step(step) else None
-            if t.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-            opt.step()
-            sched.step()
-            steps_done = step
-            if grads is not None:
-                row = record(step, lr, loss_value, grads)
-                progress.update(step, loss_value, row["model_update"])
-            else:
-                progress.update(step, loss_value, None)
     finally:
-        metrics.close()
-        layers.close()
-        progress.close()
+        run.close()
     wall = time.perf_counter() - start
-    result.update(steps_done=steps_done, wall_seconds=wall,
-                  steps_per_second=steps_done / wall if wall > 0 else None)
-    return result
+    run.result.update(steps_done=run.steps_done, wall_seconds=wall,
+                      steps_per_second=run.steps_done / wall if wall > 0 else None)
+    return run.result
 
 
 class _Progress:
     """tqdm bar on a terminal; otherwise a log line every probe.log_every steps."""
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: DictConfig, enabled: bool = True):
         self.cfg, self.every, self.last_update = cfg, cfg.probe.log_every, float("nan")
-        self.bar = None
-        if sys.stderr.isatty():
+        self.enabled, self.bar = enabled, None
+        if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=cfg.train.steps, desc=f"{cfg.group.name} L{cfg.depth}",
@@ -255,7 +285,7 @@ class _Progress:
             self.bar.update(1)
             if update is not None:
                 self.bar.set_postfix(loss=f"{loss:.3f}", model_update=f"{self.last_update:.3g}")
-        elif step % self.every == 0 or step == self.cfg.train.steps:
+        elif self.enabled and (step % self.every == 0 or step == self.cfg.train.steps):
             log.info("%s L%d step %d/%d loss %.4f model_update %.4g", self.cfg.group.name,
                      self.cfg.depth, step, self.cfg.train.steps, loss, self.last_update)
 
