@@ -106,3 +106,25 @@ def test_probes_do_not_change_the_run(make_cfg, tmp_path, group):
     for key in ("first_loss", "last_loss", "final_eval_loss", "final_eval_acc"):
         assert on[key] == off[key], key
     assert not (tmp_path / "off" / "layers.csv").read_text().strip().count("\n")
+
+
+def test_layer_probe_grad_norms_match_a_direct_computation(make_cfg):
+    from stabexp.data import ReverseTask
+    from stabexp.model import build_model, initialise
+    from stabexp.probes import LayerProbe
+
+    cfg = make_cfg("group=admin", "depth=2")
+    model = build_model(cfg, cfg.task.vocab_size)
+    task = ReverseTask(cfg.task.vocab_size, cfg.task.seq_len, 0, torch.device("cpu"))
+    initialise(model, "admin_profiled", lambda: task.init_batch(8))
+    probe = LayerProbe(model)
+    total, per_sublayer = probe.grad_norms()
+    assert total.isnan() and per_sublayer.isnan().all()
+    src, tgt_in, tgt_out = task.train_batch(8)
+    torch.nn.functional.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten()).backward()
+    total, per_sublayer = probe.grad_norms()
+    expected_total = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
+    assert total.item() == pytest.approx(expected_total.item(), rel=1e-5)
+    for value, (*_, res) in zip(per_sublayer.tolist(), model.residuals()):
+        direct = torch.sqrt(sum(p.grad.pow(2).sum() for p in res.parameters()))
+        assert value == pytest.approx(direct.item(), rel=1e-5)

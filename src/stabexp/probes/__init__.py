@@ -35,31 +35,27 @@ class LayerProbe:
         self.model = model
         self.keys: List[Tuple[str, int, str]] = []
         self.residuals = [res for *_, res in model.residuals()]
-        self.params: List[torch.nn.Parameter] = []
-        owner: List[int] = []
+        sublayer_of = {}
         for i, (stack, layer, name, res) in enumerate(model.residuals()):
             self.keys.append((stack, layer, name))
             for p in res.parameters():
-                self.params.append(p)
-                owner.append(i)
-        self.all_params = [p for p in model.parameters()]
-        device = self.all_params[0].device
-        self.owner = torch.tensor(owner, dtype=torch.long, device=device)
+                sublayer_of[id(p)] = i
+        self.params = list(model.parameters())
+        # Bucket of each parameter: its sublayer, or len(keys) for embeddings and final LNs.
+        owner = [sublayer_of.get(id(p), len(self.keys)) for p in self.params]
+        self.owner = torch.tensor(owner, dtype=torch.long, device=self.params[0].device)
 
     def grad_norms(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(total gradient norm of the model, gradient norm per sublayer); NaN before any
-        backward pass."""
-        device = self.owner.device
+        """(total gradient norm of the model, gradient norm per sublayer), from one
+        torch._foreach_norm over all gradients; NaN before any backward pass."""
         n = len(self.keys)
-        grads = [p.grad for p in self.all_params if p.grad is not None]
-        if not grads:
-            nan = torch.full((), float("nan"), device=device)
-            return nan, torch.full((n,), float("nan"), device=device)
-        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        sub_grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        sq = torch.stack(torch._foreach_norm(sub_grads)) ** 2
-        per_sublayer = torch.zeros(n, device=device, dtype=sq.dtype).index_add_(0, self.owner, sq).sqrt()
-        return total, per_sublayer
+        if all(p.grad is None for p in self.params):
+            nan = torch.full((), float("nan"), device=self.owner.device)
+            return nan, torch.full((n,), float("nan"), device=self.owner.device)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        sq = torch.stack(torch._foreach_norm(grads)).float() ** 2
+        buckets = torch.zeros(n + 1, device=sq.device).index_add_(0, self.owner, sq)
+        return buckets.sum().sqrt(), buckets[:n].sqrt()
 
     @torch.no_grad()
     def features_with_ln_norms(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
