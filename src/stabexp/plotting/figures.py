@@ -40,6 +40,12 @@ def run_labels(runs: pd.DataFrame) -> dict:
         for r in names:
             extra = sorted(p for p in parts[r] - common if not p.startswith(("group=", "depth=")))
             labels[r] = group + (f" ({', '.join(extra)})" if extra else "")
+    # The same overrides in two sweep folders (a repeated sweep): number them apart.
+    seen: dict = {}
+    for r in sorted(labels):
+        seen[labels[r]] = seen.get(labels[r], 0) + 1
+        if seen[labels[r]] > 1:
+            labels[r] += f" [{seen[labels[r]]}]"
     return labels
 
 

@@ -1,0 +1,50 @@
+"""`make plots` on a small outputs tree made by real (tiny) runs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from stabexp.plotting.collect import write_collected
+from stabexp.plotting.figures import run_labels
+from stabexp.train.trainer import train
+
+
+def test_collector_and_figures_from_real_runs(make_cfg, tmp_path):
+    outputs = tmp_path / "outputs"
+    for group in ("postln", "deepnorm"):
+        train(make_cfg(f"group={group}"), outputs / "multirun" / "sweep" / f"group={group}")
+    train(make_cfg("group=postln", "train.lr=1000", "train.steps=50"), outputs / "runs" / "diverging")
+    collected = write_collected(outputs)
+    runs = pd.read_csv(collected / "runs.csv")
+    metrics = pd.read_csv(collected / "metrics.csv")
+    assert len(runs) == 3 and set(runs.status) == {"completed", "diverged"}
+    assert not metrics.duplicated(["run", "step"]).any()
+    assert set(metrics.run) == set(runs.run)
+    env = dict(os.environ, STABEXP_OUTPUTS=str(outputs))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_plots.py"
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for name in ("model_update", "grad_norm_by_layer"):
+        for ext in ("png", "pdf"):
+            assert (outputs / "figures" / f"{name}.{ext}").stat().st_size > 0
+
+
+def test_labels_tell_runs_apart():
+    runs = pd.DataFrame({"run": ["s1/group=postln__train.lr=0.1", "s1/group=postln__train.lr=0.2",
+                                 "s2/group=postln__train.lr=0.2", "s1/group=admin"],
+                         "group": ["postln", "postln", "postln", "admin"]})
+    labels = run_labels(runs)
+    assert labels["s1/group=admin"] == "admin"
+    assert labels["s1/group=postln__train.lr=0.1"] == "postln (train.lr=0.1)"
+    assert len(set(labels.values())) == 4
+
+
+def test_plots_with_no_runs_say_so(tmp_path):
+    env = dict(os.environ, STABEXP_OUTPUTS=str(tmp_path / "empty"))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_plots.py"
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "skipped model_update" in result.stdout
