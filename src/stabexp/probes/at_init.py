@@ -1,0 +1,88 @@
+"""Probes on a model at initialisation, without training: reusable by any run or preset.
+
+- output_change: Admin's Theorem 2 protocol (Liu et al. 2020, arXiv 2004.08249, Sec. 3;
+  Transformer-Clinic's `plot_stability`). REFERENCE.md Sec. 3.
+- grad_at_init: one backward pass at theta_0, per-sublayer gradient norms and the FFN output
+  projection W_2's (Xiong et al. 2020, arXiv 2002.04745, Sec. 3: the last W_2 gradient is
+  depth-independent for Post-LN and shrinks like 1/sqrt(L) for Pre-LN).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from stabexp.model.transformer import Seq2SeqTransformer
+from stabexp.probes import LayerProbe
+
+PERTURBATION = 1e-4  # Admin / Clinic: delta = 1e-4 * sign(N(0, 1))
+
+
+def perturbed_parameters(model: Seq2SeqTransformer) -> List[nn.Parameter]:
+    """Every weight except biases, LayerNorm parameters and Admin's omegas (embeddings are
+    weights and are perturbed)."""
+    skip = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
+    return [p for name, p in model.named_parameters()
+            if id(p) not in skip and not name.endswith(("bias", "omega"))]
+
+
+def _per_token_sq_change(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # Mean over tokens of the squared L2 change: independent of the batch size, like model_update.
+    return (a - b).flatten(0, -2).pow(2).sum(-1).mean()
+
+
+@torch.no_grad()
+def output_change(model: Seq2SeqTransformer, src: torch.Tensor, tgt_in: torch.Tensor,
+                  scale: float = PERTURBATION, generator: Optional[torch.Generator] = None) -> Dict:
+    """|F(x, W) - F(x, W + delta)|^2 with delta = scale * sign(N(0, 1)) on every perturbed weight,
+    F the top decoder output, as the mean over target tokens of the squared L2 change; plus, per
+    residual sublayer in `model.residuals()` order, the same change of the sublayer's input
+    normalised by its per-token standard deviation (Clinic's x / x.std(-1)). The weights are
+    restored exactly afterwards."""
+    inputs: List[torch.Tensor] = []
+
+    def keep(module, args):
+        x = args[0]
+        inputs.append(x / x.std(dim=-1, keepdim=True))
+
+    hooks = [res.register_forward_pre_hook(keep) for *_, res in model.residuals()]
+    was_training = model.training
+    model.eval()
+    params = perturbed_parameters(model)
+    originals = [p.detach().clone() for p in params]
+    try:
+        clean = model.features(src, tgt_in)
+        clean_inputs, inputs[:] = list(inputs), []
+        deltas = [scale * torch.randn(p.shape, generator=generator).sign().to(p) for p in params]
+        torch._foreach_add_(params, deltas)
+        noisy = model.features(src, tgt_in)
+    finally:
+        torch._foreach_copy_(params, originals)
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    per_sublayer = torch.stack([_per_token_sq_change(a, b) for a, b in zip(inputs, clean_inputs)])
+    values = torch.cat([_per_token_sq_change(noisy, clean)[None], per_sublayer]).tolist()
+    return {"output_change": values[0], "input_change": values[1:]}
+
+
+def grad_at_init(model: Seq2SeqTransformer, batch) -> Dict:
+    """One forward/backward pass on `batch` without an optimiser step: total gradient norm,
+    per-sublayer gradient norms and, for FFN sublayers, the norm of W_2's gradient (None
+    elsewhere). Gradients are cleared afterwards."""
+    src, tgt_in, tgt_out = batch
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten()).backward()
+    total, per_sublayer = LayerProbe(model).grad_norms()
+    residuals = list(model.residuals())
+    ffn = [i for i, (_, _, name, _) in enumerate(residuals) if name == "ffn"]
+    w2 = torch.stack(torch._foreach_norm([residuals[i][3].branch.fc2.weight.grad for i in ffn]))
+    values = torch.cat([total[None], per_sublayer, w2]).tolist()  # one host sync
+    model.zero_grad(set_to_none=True)
+    n = len(residuals)
+    w2_by_index = dict(zip(ffn, values[1 + n:]))
+    return {"grad_norm": values[0], "sublayer_grad_norm": values[1:1 + n],
+            "w2_grad_norm": [w2_by_index.get(i) for i in range(n)]}
