@@ -77,6 +77,8 @@ def test_sweep_goes_on_past_a_diverged_run(stabexp_cli):
     (["train.stepz=3"], ["train.stepz", "steps"]),
     (["model=huge"], ["model=huge", "tiny", "base"]),
     (["-m", "depth=6,0"], ["depth=0"]),
+    (["-m", "group=postln,nope"], ["group=nope", "admin"]),
+    (["-m", "depth=6,x"], ["depth=x"]),
     (["depth=6,18"], ["depth=6,18", "-m"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_cli, args, words):

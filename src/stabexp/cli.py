@@ -59,17 +59,18 @@ def _choices(group: str) -> List[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
-def _explain(override, err: Exception) -> str:
-    """One line for a Hydra / OmegaConf composition error about `override`."""
+def _explain(override, line: str, err: Exception) -> str:
+    """One line for a Hydra / OmegaConf composition error about `override`, whose value in
+    the failing composition is `line` (one value of a sweep)."""
     key = override.key_or_group
-    value = override.get_value_element_as_str() if not override.is_sweep_override() else "..."
+    value = line.split("=", 1)[1] if "=" in line else ""
     text = f"{err} {err.__cause__ or ''}"
     if key in _CONFIG_GROUPS and ("Could not find" in text or "Could not load" in text):
         return f"{key}={value} is not a known {key}: choose one of {', '.join(_choices(key))}"
     if "not in struct" in text or "Could not override" in text or "Could not append" in text:
         return unknown_key_message(key.lstrip("+~"))
     first = str(err.__cause__ or err).strip().splitlines()[0]
-    return f"{override.input_line}: {first}"
+    return f"{line}: {first}"
 
 
 def check_overrides(overrides: List[str], multirun: bool) -> None:
@@ -102,11 +103,10 @@ def check_overrides(overrides: List[str], multirun: bool) -> None:
             try:
                 cfg = compose(config_name="config", overrides=combo)
             except Exception as err:
-                culprit = next((parsed[i] for i, line in enumerate(combo)
-                                if _is_culprit(line, err)), parsed[0] if parsed else None)
-                if culprit is None:
+                if not parsed:
                     raise ConfigError(str(err).splitlines()[0]) from None
-                raise ConfigError(_explain(culprit, err)) from None
+                i = next((i for i, line in enumerate(combo) if _is_culprit(line, err)), 0)
+                raise ConfigError(_explain(parsed[i], combo[i], err)) from None
             validate(cfg)
     GlobalHydra.instance().clear()
 
