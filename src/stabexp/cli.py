@@ -20,6 +20,7 @@ log = logging.getLogger("stabexp")
 
 USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one run, or a sweep with -m
        stabexp list                                        the control groups
+       stabexp report [SWEEP_DIR]                          a sweep as a markdown table (group x depth)
        stabexp bench [--sizes tiny,small] [--depths 6,18,50]  speed and memory against torch.nn.Transformer
 Examples:
   stabexp run group=postln depth=18
@@ -179,11 +180,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return cmd_run(rest)
     if command == "list":
         return cmd_list()
+    if command == "report":
+        from stabexp.report import main as report_main
+
+        return report_main(rest)
     if command == "bench":
         from stabexp.bench import main as bench_main
 
         return bench_main(rest)
-    print(f"stabexp: error: unknown command {command!r}: use run, list or bench", file=sys.stderr)
+    print(f"stabexp: error: unknown command {command!r}: use run, list, report or bench", file=sys.stderr)
     return 2
 
 
