@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stabexp.config import outputs_dir
+from stabexp.config import ProbeConfig, outputs_dir
 
 GROUPS = ("postln", "deepnorm", "admin")
 SIZES = {"tiny": (64, 128, 2), "small": (256, 1024, 4), "base": (512, 2048, 8)}
@@ -120,7 +120,7 @@ def _sync(device: torch.device) -> None:
 def measure_speed(size: str, depth: int, steps: int, repeats: int, batch_size: int,
                   device: torch.device, seed: int = 0) -> Dict[str, Dict]:
     """Seconds per step of every variant, interleaved windows; medians of paired ratios."""
-    every = 10  # probe.every in conf: a window of (c) holds whole probe periods
+    every = ProbeConfig().every  # the default probe period: a window of (c) holds whole periods
     windows = {v: (math.ceil(steps / every) * every if v.startswith("c:") else steps)
                for v in variant_names()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,8 +168,9 @@ def _peak_memory_child(variant: str, size: str, depth: int, batch_size: int, dev
             torch.cuda.reset_peak_memory_stats()
         loop = (BaselineLoop(size, depth, batch_size, 0, device) if variant == "a" else
                 stabexp_run(variant, size, depth, batch_size, 0, device.type, Path(tmp)))
-        # Steps 9, 10, 11, ...: the window holds a probe step of the default schedule (every 10).
-        for i in range(9, 9 + window):
+        # Steps every-1, every, ...: the window holds a probe step of the default schedule.
+        first = ProbeConfig().every - 1
+        for i in range(first, first + window):
             loop.step(i)
         if device.type == "cuda":
             return torch.cuda.max_memory_allocated() / 2 ** 20
