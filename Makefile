@@ -7,7 +7,11 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test plots bench
+# The presets of conf/experiment, cheapest first; `make reproduce SCALE=quick` for a quick pass.
+PRESETS := admin_output_change grad_at_init deepnet_early deepnet_depth depth_table
+SCALE   ?= default
+
+.PHONY: install run reproduce test plots bench
 
 install: $(STAMP)
 
@@ -17,11 +21,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	touch $(STAMP)
 
-# The headline: Post-LN without warm-up against Post-LN with warm-up at 18L-18L (tiny model).
+# The headline: DeepNet's early-training experiment at 18L-18L (every group, 300 steps).
 run: install
-	$(BIN)/stabexp run -m group=postln,postln_warmup depth=18
+	$(BIN)/stabexp run experiment=deepnet_early
 	$(BIN)/python scripts/make_plots.py
-	@echo "Run folders: outputs/multirun/depth=18__group=postln,postln_warmup/ ; figures: outputs/figures/"
+	@echo "Run folders: outputs/multirun/experiment=deepnet_early/ ; figures: outputs/figures/"
+
+# Every preset (about an hour on 2 cores at the default scale), then every figure.
+reproduce: install
+	for p in $(PRESETS); do \
+	  $(BIN)/stabexp run experiment=$$p $(if $(filter-out default,$(SCALE)),scale=$(SCALE)) || exit 1; \
+	done
+	$(BIN)/python scripts/make_plots.py
 
 test: install
 	$(BIN)/python -m pytest tests

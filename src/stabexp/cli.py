@@ -19,18 +19,19 @@ from stabexp.config import ConfigError, conf_dir, outputs_dir, run_name, unknown
 log = logging.getLogger("stabexp")
 
 USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one run, or a sweep with -m
-       stabexp list                                        the control groups
+       stabexp list                                        the control groups and experiment presets
        stabexp report [SWEEP_DIR]                          a sweep as a markdown table (group x depth)
        stabexp bench [--sizes tiny,small] [--depths 6,18,50]  speed and memory against torch.nn.Transformer
 Examples:
   stabexp run group=postln depth=18
   stabexp run -m group=postln,postln_warmup depth=6,18
+  stabexp run experiment=deepnet_depth scale=quick
 Run folders go under {outputs}"""
 
 # Hydra flags that take a value, so the value is not read as an override.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
                      "-cn", "--config-dir", "-cd", "--experimental-rerun"}
-_CONFIG_GROUPS = ("group", "model", "task", "optim")
+_CONFIG_GROUPS = ("group", "model", "task", "optim", "experiment", "scale")
 
 
 def _split_args(args: List[str]):
@@ -74,42 +75,62 @@ def _explain(override, line: str, err: Exception) -> str:
     return f"{line}: {first}"
 
 
-def check_overrides(overrides: List[str], multirun: bool) -> None:
-    """Compose and validate the config for each value every override takes; raise ConfigError."""
+def check_overrides(overrides: List[str], multirun: bool) -> bool:
+    """Compose and validate the config for each value every override takes, the sweep a preset
+    declares (hydra.sweeper.params) included; raise ConfigError. Return True when the run is a
+    multirun (-m, or a preset that sets hydra.mode=MULTIRUN)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    parser = OverridesParser.create()
+
+    def parse(lines):
+        try:
+            return parser.parse_overrides(lines)
+        except Exception as err:
+            raise ConfigError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
+
+    def values_of(parsed):
+        return [[f"{o.get_key_element()}={v}" for v in
+                 (o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()])]
+                for o in parsed]
+
+    def compose_one(parsed, combo, **kwargs):
+        try:
+            return compose(config_name="config", overrides=combo, **kwargs)
+        except Exception as err:
+            if not parsed:
+                raise ConfigError(str(err).splitlines()[0]) from None
+            i = next((i for i, line in enumerate(combo) if _is_culprit(line, err)), 0)
+            raise ConfigError(_explain(parsed[i], combo[i], err)) from None
+
+    parsed = parse(overrides)
+    GlobalHydra.instance().clear()
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as err:
-        raise ConfigError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
-    candidates = []
-    for o in parsed:
-        if o.is_sweep_override():
-            if not multirun:
-                raise ConfigError(f"{o.input_line} sweeps several values: add -m to run a multirun")
-            values = list(o.sweep_string_iterator())
-        else:
-            values = [o.get_value_element_as_str()]
-        candidates.append([f"{o.get_key_element()}={v}" for v in values])
-    # Every value of every override, the others at their first value.
-    to_check = [[c[0] for c in candidates]]
-    for i, c in enumerate(candidates):
-        for v in c[1:]:
-            to_check.append([*to_check[0][:i], v, *to_check[0][i + 1:]])
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        for combo in to_check:
-            try:
-                cfg = compose(config_name="config", overrides=combo)
-            except Exception as err:
-                if not parsed:
-                    raise ConfigError(str(err).splitlines()[0]) from None
-                i = next((i for i, line in enumerate(combo) if _is_culprit(line, err)), 0)
-                raise ConfigError(_explain(parsed[i], combo[i], err)) from None
-            validate(cfg)
-    GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            first = [c[0] for c in values_of(parsed)]
+            hydra_cfg = compose_one(parsed, first, return_hydra_config=True).hydra
+            multirun = multirun or str(hydra_cfg.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
+            sweeps = [o for o in parsed if o.is_sweep_override()]
+            if sweeps and not multirun:
+                raise ConfigError(f"{sweeps[0].input_line} sweeps several values: add -m to run a multirun")
+            # The preset's sweep, for the keys the command line does not set itself.
+            on_cli = {o.get_key_element() for o in parsed}
+            preset = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()
+                      if k not in on_cli] if multirun else []
+            parsed = parsed + parse(preset)
+            candidates = values_of(parsed)
+            # Every value of every override, the others at their first value.
+            to_check = [[c[0] for c in candidates]]
+            for i, c in enumerate(candidates):
+                for v in c[1:]:
+                    to_check.append([*to_check[0][:i], v, *to_check[0][i + 1:]])
+            for combo in to_check:
+                validate(compose_one(parsed, combo))
+    finally:
+        GlobalHydra.instance().clear()
+    return multirun
 
 
 def _is_culprit(line: str, err: Exception) -> bool:
@@ -144,7 +165,7 @@ def cmd_run(args: List[str]) -> int:
     ours, hydra_overrides, multirun, wants_help = _split_args(args)
     if not wants_help:
         try:
-            check_overrides(ours, multirun)
+            multirun = check_overrides(ours, multirun)
         except ConfigError as err:
             print(f"stabexp: error: {err}", file=sys.stderr)
             return 2
@@ -158,15 +179,28 @@ def cmd_run(args: List[str]) -> int:
     return 0
 
 
+def _preset_description(path: Path) -> str:
+    """The first comment line of a preset file after `# @package`: what it reproduces, its cost."""
+    lines = [line[1:].strip() for line in path.read_text().splitlines()
+             if line.startswith("#") and "@package" not in line]
+    return lines[0] if lines else ""
+
+
 def cmd_list() -> int:
     rows = []
     for path in sorted((conf_dir() / "group").glob("*.yaml")):
         g = yaml.safe_load(path.read_text())
         rows.append((g["name"], g.get("description", ""), g.get("citation", "")))
     width = max(len(r[0]) for r in rows)
+    print("Control groups (group=NAME):")
     for name, description, citation in rows:
-        print(f"{name:<{width}}  {description}")
-        print(f"{'':<{width}}  [{citation}]")
+        print(f"  {name:<{width}}  {description}")
+        print(f"  {'':<{width}}  [{citation}]")
+    presets = sorted((conf_dir() / "experiment").glob("*.yaml"))
+    width = max((len(p.stem) for p in presets), default=0)
+    print("\nExperiment presets (stabexp run experiment=NAME [scale=quick]; all: make reproduce):")
+    for path in presets:
+        print(f"  {path.stem:<{width}}  {_preset_description(path)}")
     return 0
 
 

@@ -128,6 +128,9 @@ class ProbeConfig:
     every: int = 10             # write metrics/layers rows every so many steps
     first_steps: int = 20       # ... and at every step up to this one (early training)
     log_every: int = 100        # log line every so many steps when stderr is not a terminal
+    # Before training: Admin's output change and the gradient at init (probes/at_init.py),
+    # written into the step-0 rows. With train.steps=0 a run measures only this.
+    at_init: bool = False
 
 
 @dataclass
@@ -142,6 +145,8 @@ class Config:
     decoder_depth: Optional[int] = None  # M, when it differs from N
     seed: int = 0                       # fixes init, data and probe batch
     overwrite: bool = False             # re-run a folder that already holds a finished run
+    experiment: str = ""                # preset this run belongs to (conf/experiment sets it)
+    scale: str = "default"              # preset scale: default or quick (conf/scale sets it)
 
 
 def register_configs() -> None:
@@ -220,7 +225,7 @@ def validate(cfg: DictConfig) -> None:
     _need(o.eps > 0, "optim.eps", o.eps, "must be > 0")
     _need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
     tr = cfg.train
-    _need(tr.steps >= 1, "train.steps", tr.steps, "must be an integer >= 1")
+    _need(tr.steps >= 0, "train.steps", tr.steps, "must be an integer >= 0 (0 = probes at init only)")
     _need(tr.lr > 0, "train.lr", tr.lr, "must be > 0")
     _need(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, "must be >= 0")
     _need(tr.batch_size >= 1, "train.batch_size", tr.batch_size, "must be an integer >= 1")
@@ -233,3 +238,4 @@ def validate(cfg: DictConfig) -> None:
     _need(p.every >= 1, "probe.every", p.every, "must be an integer >= 1")
     _need(p.first_steps >= 0, "probe.first_steps", p.first_steps, "must be >= 0")
     _need(p.log_every >= 1, "probe.log_every", p.log_every, "must be an integer >= 1")
+    _need(p.enabled or not p.at_init, "probe.at_init", p.at_init, "needs probe.enabled=true")

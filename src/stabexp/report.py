@@ -1,5 +1,8 @@
 """`stabexp report [SWEEP_DIR]`: a markdown table of a sweep, one row per group, one column per
 depth; a cell is the final eval loss and token accuracy (mean over seeds), or "diverged @ step k".
+A sweep measured at init (train.steps=0, probe.at_init) shows the output change instead, and
+below the table the fits of stabexp.analysis: Admin's output change against the number of
+sublayers (linear and log, R^2 of each) and the log-log slope of the last W_2 gradient.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from typing import List, Optional
 
 import pandas as pd
 
+from stabexp.analysis import last_w2_grad, output_change_fits, output_change_table, w2_grad_slopes
 from stabexp.config import outputs_dir
 from stabexp.plotting.collect import collect
 from stabexp.plotting.figures import GROUP_ORDER
@@ -28,20 +32,69 @@ def _cell(runs: pd.DataFrame) -> str:
     return "; ".join(parts) or "-"
 
 
+def _change_cell(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "-"
+    n = f" (n={len(table)})" if len(table) > 1 else ""
+    return f"{table.output_change.mean():.3g}{n}"
+
+
+def _markdown(frame: pd.DataFrame, formats: dict) -> List[str]:
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    for _, row in frame.iterrows():
+        lines.append("| " + " | ".join(formats.get(c, "{}").format(row[c]) for c in frame.columns) + " |")
+    return lines
+
+
+def fits_section(tables) -> List[str]:
+    """The output-change fits and the W_2 slopes, where the sweep measured them."""
+    lines: List[str] = []
+    if tables["metrics"].empty or tables["layers"].empty:
+        return lines
+    change = output_change_table(tables["metrics"], tables["layers"])
+    fits = output_change_fits(change) if not change.empty else pd.DataFrame()
+    if not fits.empty:
+        lines += ["", "Output change against the number of sublayers N (Admin Theorem 2): "
+                  "fits over every seed, c ~ a + b N and c ~ a + b ln N.", ""]
+        lines += _markdown(fits[["group", "points", "sublayers", "change_at_min", "change_at_max",
+                                 "linear_r2", "log_r2"]],
+                           {"change_at_min": "{:.3g}", "change_at_max": "{:.3g}",
+                            "linear_r2": "{:.3f}", "log_r2": "{:.3f}"})
+        means = change[change.sublayers == change.sublayers.max()].groupby("group").output_change.mean()
+        if {"postln", "preln"} <= set(means.index):
+            lines += ["", f"Post-LN / Pre-LN output change at {change.sublayers.max()} sublayers: "
+                      f"{means['postln'] / means['preln']:.2f}"]
+    slopes = w2_grad_slopes(last_w2_grad(tables["layers"]))
+    if not slopes.empty:
+        lines += ["", "Last decoder W_2 gradient at init against depth L (Xiong et al. 2020): "
+                  "log-log slope (0: flat, -0.5: 1/sqrt(L)).", ""]
+        lines += _markdown(slopes, {"slope": "{:+.3f}", "r2": "{:.3f}"})
+    return lines
+
+
 def sweep_table(sweep_dir: Path) -> str:
-    runs = collect(sweep_dir)["runs"]
+    tables = collect(sweep_dir)
+    runs = tables["runs"]
     if runs.empty:
         raise FileNotFoundError(f"no run folders (summary.json) under {sweep_dir}")
+    at_init = bool((runs.steps_done.fillna(0) == 0).all()) and "output_change" in tables["metrics"]
+    change = output_change_table(tables["metrics"], tables["layers"]) if at_init else None
     depths = sorted(runs.depth.unique())
     groups = sorted(runs.group.unique(), key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER else 99, g))
     lines = ["| group | " + " | ".join(f"{d}L-{d}L" for d in depths) + " |",
              "|---|" + "---|" * len(depths)]
     for g in groups:
-        cells = [_cell(runs[(runs.group == g) & (runs.depth == d)]) for d in depths]
+        if at_init:
+            cells = [_change_cell(change[(change.group == g) & (change.depth == d)]) for d in depths]
+        else:
+            cells = [_cell(runs[(runs.group == g) & (runs.depth == d)]) for d in depths]
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
     chance = runs.chance_loss.dropna()
-    note = f"Cells: final eval loss (token accuracy). Chance loss {chance.iloc[0]:.3f}." if len(chance) else ""
-    return f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")
+    if at_init:
+        note = "Cells: output change |F(x,W) - F(x,W+delta)|^2 at init, mean over seeds."
+    else:
+        note = f"Cells: final eval loss (token accuracy). Chance loss {chance.iloc[0]:.3f}." if len(chance) else ""
+    return f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "") + "\n".join(["", *fits_section(tables)])
 
 
 def latest_sweep() -> Optional[Path]:

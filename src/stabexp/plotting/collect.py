@@ -11,7 +11,9 @@ from typing import Dict
 
 import pandas as pd
 
-RUN_COLUMNS = ["run", "group", "depth", "decoder_depth", "seed", "model", "status"]
+# Identify a run in every table; `sweep` is the folder that holds the run folder.
+RUN_COLUMNS = ["run", "sweep", "experiment", "scale", "group", "depth", "decoder_depth", "seed",
+               "model", "status"]
 
 
 def find_runs(outputs: Path):
@@ -29,8 +31,10 @@ def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
         except json.JSONDecodeError:
             continue
         run_id = str(folder.relative_to(outputs))
-        info = {"run": run_id, **{k: summary.get(k) for k in RUN_COLUMNS[1:]}}
-        runs.append({**info, "steps_done": summary.get("steps_done"),
+        info = {"run": run_id, "sweep": str(folder.parent.relative_to(outputs)),
+                 **{k: summary.get(k) for k in RUN_COLUMNS[2:]}}
+        info["scale"] = info["scale"] or "default"
+        runs.append({**info, "d_model": summary.get("d_model"), "steps_done": summary.get("steps_done"),
                      "diverged_at_step": summary.get("diverged_at_step"),
                      "final_eval_loss": summary.get("final_eval_loss"),
                      "final_eval_acc": summary.get("final_eval_acc"),

@@ -1,8 +1,13 @@
-"""Figures drawn from the collected tables only (never from run folders directly)."""
+"""What every figure script (scripts/fig_*.py) shares: reading the collected tables, picking a
+preset's runs, colours and labels, and saving PNG + PDF byte-reproducibly. Figures are drawn
+from the collected tables only, never from run folders directly."""
 
 from __future__ import annotations
 
+import sys
+import zlib
 from pathlib import Path
+from typing import Callable, Optional
 
 import matplotlib
 
@@ -17,12 +22,14 @@ FIGSIZE_PER_PANEL = (4.5, 3.4)
 
 def group_color(group: str):
     cmap = plt.get_cmap("tab10")
-    idx = GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER) + hash(group) % 4
+    # crc32, not hash(): str hashes change from one process to the next.
+    idx = GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER) + zlib.crc32(group.encode()) % 4
     return cmap(idx % 10)
 
 
 def save(fig, path: Path) -> None:
     """PNG and PDF at a fixed size, without the metadata that changes between runs."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path.with_suffix(".png"), dpi=120, metadata={"Software": None})
     fig.savefig(path.with_suffix(".pdf"), metadata={"Creator": None, "Producer": None, "CreationDate": None})
@@ -49,64 +56,67 @@ def run_labels(runs: pd.DataFrame) -> dict:
     return labels
 
 
-def _run_order(runs: pd.DataFrame):
+# --- reading the collected tables ------------------------------------------------------------
+
+TABLES = ("runs", "metrics", "layers")
+
+
+def read_collected(collected: Path) -> dict:
+    """{name: DataFrame} for runs, metrics and layers (empty frames where a table is empty)."""
+    out = {}
+    for name in TABLES:
+        path = Path(collected) / f"{name}.csv"
+        out[name] = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+    return out
+
+
+def preset_tables(tables: dict, experiment: str) -> dict:
+    """The rows of one preset's runs: those at the default scale when there are any, else the
+    quick ones, so a quick pass never mixes into the default-scale figures."""
+    runs = tables["runs"]
+    if runs.empty or "experiment" not in runs:
+        return {name: frame.iloc[0:0] for name, frame in tables.items()}
+    runs = runs[runs.experiment == experiment]
+    if (runs.scale == "default").any():
+        runs = runs[runs.scale == "default"]
+    keep = set(runs.run)
+    return {name: (frame[frame.run.isin(keep)] if not frame.empty else frame)
+            for name, frame in tables.items()}
+
+
+def skip_message(figure: str, experiment: str) -> str:
+    return (f"skipped {figure}: no runs of the {experiment} preset under outputs/ "
+            f"(make them with `stabexp run experiment={experiment}`)")
+
+
+def scale_note(runs: pd.DataFrame) -> str:
+    return " (scale=quick)" if not runs.empty and (runs.scale == "quick").all() else ""
+
+
+def ordered_groups(groups) -> list:
+    return sorted(set(groups), key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER else 99, g))
+
+
+def run_order(runs: pd.DataFrame):
     first = runs.drop_duplicates("run")
     key = first.group.map(lambda g: GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER))
     return list(first.assign(k=key).sort_values(["k", "run"]).run)
 
 
-def model_update_over_steps(metrics: pd.DataFrame, path: Path, max_step: int = 200) -> bool:
-    """DeepNet Fig. 3(a): ||F(x, theta_i) - F(x, theta_0)|| over early steps, a panel per depth,
-    a line per run coloured by group."""
-    if metrics.empty:
-        return False
-    data = metrics[metrics.step <= max_step].dropna(subset=["model_update"])
-    depths = sorted(data.depth.unique())
-    fig, axes = plt.subplots(1, len(depths), squeeze=False,
-                             figsize=(FIGSIZE_PER_PANEL[0] * len(depths), FIGSIZE_PER_PANEL[1]))
-    for ax, depth in zip(axes[0], depths):
-        at_depth = data[data.depth == depth]
-        labels = run_labels(at_depth)
-        for run in _run_order(at_depth):
-            rows = at_depth[at_depth.run == run]
-            ax.plot(rows.step, rows.model_update, color=group_color(rows.group.iloc[0]), lw=1.4,
-                    label=labels[run])
-        ax.set_title(f"{depth}L-{depth}L")
-        ax.set_xlabel("step")
-        ax.set_ylabel("model update ||F(x,θ_i) − F(x,θ_0)||")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    save(fig, path)
-    return True
+def figure_main(name: str, experiment: str, draw: Callable[[dict], Optional[object]],
+                argv=None) -> int:
+    """Body of a figure script: read outputs/collected (or the folder given as the one
+    argument), keep the preset's runs, draw, save outputs/figures/NAME.{png,pdf}."""
+    from stabexp.config import outputs_dir
 
-
-def grad_norm_by_layer(layers: pd.DataFrame, path: Path, step: int = 1) -> bool:
-    """DeepNet Fig. 3(d) style: gradient norm of each layer's parameters at one early step
-    (the layer's sublayers combined in quadrature), encoder and decoder, a row per depth."""
-    if layers.empty:
-        return False
-    data = layers[layers.step == step].dropna(subset=["grad_norm"])
-    if data.empty:
-        return False
-    data = data.assign(sq=data.grad_norm ** 2)
-    per_layer = data.groupby(["run", "group", "depth", "stack", "layer"], as_index=False).sq.sum()
-    per_layer["grad_norm"] = np.sqrt(per_layer.sq)
-    depths = sorted(per_layer.depth.unique())
-    fig, axes = plt.subplots(len(depths), 2, squeeze=False,
-                             figsize=(FIGSIZE_PER_PANEL[0] * 2, FIGSIZE_PER_PANEL[1] * len(depths)))
-    for row, depth in zip(axes, depths):
-        at_depth = per_layer[per_layer.depth == depth]
-        labels = run_labels(at_depth)
-        for ax, stack in zip(row, ("encoder", "decoder")):
-            for run in _run_order(at_depth):
-                rows = at_depth[(at_depth.run == run) & (at_depth["stack"] == stack)].sort_values("layer")
-                ax.plot(rows.layer, rows.grad_norm, marker="o", ms=3,
-                        color=group_color(rows.group.iloc[0]), label=labels[run])
-            ax.set_yscale("log")
-            ax.set_title(f"{stack}, {depth}L-{depth}L, step {step}")
-            ax.set_xlabel("layer (1 = bottom)")
-            ax.set_ylabel("gradient norm")
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    save(fig, path)
-    return True
+    argv = sys.argv[1:] if argv is None else argv
+    outputs = Path(argv[0]) if argv else outputs_dir()
+    tables = preset_tables(read_collected(outputs / "collected"), experiment)
+    fig = draw(tables) if not tables["runs"].empty else None
+    if fig is None:
+        print(skip_message(name, experiment))
+        return 0
+    save(fig, outputs / "figures" / name)
+    print(f"wrote {outputs / 'figures' / name}.png and .pdf ({len(tables['runs'])} runs of {experiment}"
+          f"{scale_note(tables['runs'])})")
+    return 0

@@ -10,6 +10,9 @@ Files (all in out_dir):
 
 Row at step i: `loss`, `grad_norm` and `lr` belong to optimiser step i (computed on theta_{i-1});
 `model_update`, `ln_input_norm` and the eval columns are measured on theta_i, after the step.
+With probe.at_init the step-0 rows also hold the at-init probes (probes/at_init.py):
+`output_change` (metrics) and `input_change` (layers) from Admin's perturbation, and
+`grad_norm` / `w2_grad_norm` of one backward pass at theta_0 on a batch of the init stream.
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from stabexp.config import validate
 from stabexp.data import TASKS
 from stabexp.model import build_model, initialise
 from stabexp.probes import LayerProbe, model_update, rows_for_layers
+from stabexp.probes.at_init import grad_at_init, output_change
 from stabexp.train.schedule import lr_factor
 
 log = logging.getLogger("stabexp")
 
-METRICS_COLUMNS = ["step", "lr", "loss", "grad_norm", "model_update", "eval_loss", "eval_acc", "elapsed_s"]
-LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "grad_norm", "ln_input_norm"]
+METRICS_COLUMNS = ["step", "lr", "loss", "grad_norm", "model_update", "output_change", "eval_loss",
+                   "eval_acc", "elapsed_s"]
+LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "grad_norm", "ln_input_norm", "input_change",
+                  "w2_grad_norm"]
 FINISHED = ("completed", "diverged")
 
 
@@ -109,9 +115,11 @@ def train(cfg: DictConfig, out_dir) -> Dict:
         log.info("already %s, left as is: %s (overwrite=true runs it again)", previous["status"], out_dir)
         return previous
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    summary = {"status": "running", "group": cfg.group.name, "depth": cfg.depth,
+    summary = {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
+               "group": cfg.group.name, "depth": cfg.depth,
                "decoder_depth": cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth,
-               "seed": cfg.seed, "model": cfg.model.name, "task": cfg.task.name,
+               "seed": cfg.seed, "model": cfg.model.name, "d_model": cfg.model.d_model,
+               "task": cfg.task.name,
                "steps": cfg.train.steps, "out_dir": str(out_dir)}
     start = time.perf_counter()
     try:
@@ -176,7 +184,16 @@ class Run:
                 model.eval()
                 self.features_init = model.features(self.probe_src, self.probe_tgt_in).clone()
         model.train()
-        self.record(0, None, None, None)
+        self.record(0, None, None, None, at_init=self.probe_at_init() if cfg.probe.at_init else None)
+
+    def probe_at_init(self) -> Dict:
+        """Admin's output change on the probe batch and the gradient at theta_0 on a batch of
+        the init stream (so the training batches stay those of a run without this probe)."""
+        cfg, model = self.cfg, self.model
+        change = output_change(model, self.probe_src, self.probe_tgt_in,
+                               generator=torch.Generator().manual_seed(cfg.seed))
+        grads = grad_at_init(model, self.task.init_batch(cfg.train.batch_size))
+        return {**change, **grads}
 
     def is_eval_step(self, step: int) -> bool:
         return step % self.train_cfg.eval_every == 0 or step == self.train_cfg.steps
@@ -218,7 +235,7 @@ class Run:
         self.progress.update(step, loss_value, row.get("model_update") if row else None)
         return True
 
-    def record(self, step: int, lr, loss, grads) -> Dict:
+    def record(self, step: int, lr, loss, grads, at_init: Optional[Dict] = None) -> Dict:
         """Write the metrics row (and, with probes on, the layers rows) for `step`."""
         row = {"step": step, "lr": lr, "loss": loss}
         if self.probe is not None:
@@ -229,7 +246,13 @@ class Run:
             values = torch.cat([torch.stack([total.float(), update.float()]),
                                 per_sublayer.float(), ln_norms.float()]).tolist()  # one host sync
             row.update(grad_norm=values[0], model_update=values[1])
-            self.layers.write(rows_for_layers(step, self.probe.keys, values[2:2 + n], values[2 + n:]))
+            rows = rows_for_layers(step, self.probe.keys, values[2:2 + n], values[2 + n:])
+            if at_init is not None:
+                row.update(grad_norm=at_init["grad_norm"], output_change=at_init["output_change"])
+                for r, g, c, w2 in zip(rows, at_init["sublayer_grad_norm"], at_init["input_change"],
+                                       at_init["w2_grad_norm"]):
+                    r.update(grad_norm=g, input_change=c, w2_grad_norm=w2)
+            self.layers.write(rows)
         if self.is_eval_step(step):
             row.update(evaluate(self.model, self.eval_batch))
             best = self.result["best_eval_loss"]

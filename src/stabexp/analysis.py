@@ -1,0 +1,94 @@
+"""Fits and summaries that the figures and `stabexp report` share: one place for each.
+
+- Admin's Theorem 2 (Liu et al. 2020, Sec. 3): output change against the number of sublayers N,
+  fitted both as a + b N (Post-LN's expected shape) and as a + b ln N (Pre-LN's and Admin's);
+  each fit's R^2 says which shape the data follow.
+- Gradient at init against depth (Xiong et al. 2020, Sec. 3): the slope of log ||grad W_2|| on
+  log L, 0 for a depth-independent gradient and -1/2 for one shrinking like 1/sqrt(L).
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+import pandas as pd
+
+
+def least_squares(x, y) -> Dict[str, float]:
+    """y ~ intercept + slope * x, with the coefficient of determination R^2."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (intercept + slope * x)
+    total = ((y - y.mean()) ** 2).sum()
+    r2 = 1.0 - (residual ** 2).sum() / total if total > 0 else float("nan")
+    return {"slope": float(slope), "intercept": float(intercept), "r2": float(r2)}
+
+
+def linear_and_log_fits(n, change) -> Dict[str, Dict[str, float]]:
+    """{'linear': fit of change on N, 'log': fit of change on ln N}."""
+    n = np.asarray(n, dtype=float)
+    return {"linear": least_squares(n, change), "log": least_squares(np.log(n), change)}
+
+
+def loglog_slope(x, y) -> Dict[str, float]:
+    """Slope of log y on log x (the exponent of a power law), with R^2 of that line."""
+    return least_squares(np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float)))
+
+
+def sublayer_count(layers: pd.DataFrame) -> pd.Series:
+    """Residual sublayers per run (encoder: 2 per layer, decoder: 3), from its layers rows."""
+    at_init = layers[layers.step == 0]
+    return at_init.groupby("run").size()
+
+
+def output_change_table(metrics: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    """One row per run with an output-change measurement: run, group, depth, seed, sublayers,
+    output_change."""
+    rows = metrics[(metrics.step == 0)].dropna(subset=["output_change"])
+    if rows.empty:
+        return pd.DataFrame(columns=["run", "group", "depth", "seed", "sublayers", "output_change"])
+    counts = sublayer_count(layers).rename("sublayers")
+    table = rows[["run", "group", "depth", "seed", "output_change"]].merge(counts, left_on="run",
+                                                                         right_index=True)
+    return table.sort_values(["group", "sublayers", "seed"]).reset_index(drop=True)
+
+
+def output_change_fits(table: pd.DataFrame) -> pd.DataFrame:
+    """Per group, over every (run, seed) point: both fits, plus the mean output change at the
+    fewest and the most sublayers."""
+    out = []
+    for group, rows in table.groupby("group"):
+        if rows.sublayers.nunique() < 3:
+            continue  # two depths fit any two-parameter curve exactly
+        fits = linear_and_log_fits(rows.sublayers, rows.output_change)
+        means = rows.groupby("sublayers").output_change.mean()
+        out.append({"group": group, "points": len(rows),
+                    "sublayers": f"{means.index.min()}-{means.index.max()}",
+                    "change_at_min": means.iloc[0], "change_at_max": means.iloc[-1],
+                    "linear_slope": fits["linear"]["slope"], "linear_intercept": fits["linear"]["intercept"],
+                    "linear_r2": fits["linear"]["r2"], "log_slope": fits["log"]["slope"],
+                    "log_intercept": fits["log"]["intercept"], "log_r2": fits["log"]["r2"]})
+    return pd.DataFrame(out)
+
+
+def last_w2_grad(layers: pd.DataFrame) -> pd.DataFrame:
+    """Per run: the at-init gradient norm of W_2 in the last decoder FFN (Xiong et al.'s
+    W^{2,L}), with group, depth and seed."""
+    rows = layers[(layers.step == 0) & (layers["stack"] == "decoder") & (layers.sublayer == "ffn")]
+    rows = rows.dropna(subset=["w2_grad_norm"])
+    if rows.empty:
+        return pd.DataFrame(columns=["run", "group", "depth", "seed", "w2_grad_norm"])
+    last = rows.loc[rows.groupby("run").layer.idxmax()]
+    return last[["run", "group", "depth", "seed", "w2_grad_norm"]].reset_index(drop=True)
+
+
+def w2_grad_slopes(table: pd.DataFrame) -> pd.DataFrame:
+    """Per group: log-log slope of the last W_2 gradient on depth (0: flat, -0.5: 1/sqrt(L))."""
+    out = []
+    for group, rows in table.groupby("group"):
+        if rows.depth.nunique() < 2:
+            continue
+        fit = loglog_slope(rows.depth, rows.w2_grad_norm)
+        out.append({"group": group, "points": len(rows), "slope": fit["slope"], "r2": fit["r2"]})
+    return pd.DataFrame(out)

@@ -1,0 +1,52 @@
+"""Classification by a fixed random teacher: the task of the SMD study's normalised network.
+
+Inputs are standard Gaussian vectors; the label is the argmax of a random two-layer ReLU
+teacher's outputs, with a fraction of labels flipped at random so the gradient never vanishes
+(the equilibrium of spherical motion dynamics needs gradient noise that does not die out).
+Batches have the (inputs, unused, targets) shape of the seq2seq tasks, with one position.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import torch
+
+Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class TeacherTask:
+    def __init__(self, in_dim: int, classes: int, seed: int, device: torch.device, label_noise: float = 0.1):
+        self.in_dim, self.classes, self.device, self.label_noise = in_dim, classes, device, label_noise
+        teacher = torch.Generator().manual_seed(10_000 + seed)
+        self.w1 = torch.randn(in_dim, 4 * in_dim, generator=teacher) / math.sqrt(in_dim)
+        self.w2 = torch.randn(4 * in_dim, classes, generator=teacher) / math.sqrt(4 * in_dim)
+        self._train = torch.Generator().manual_seed(seed * 4 + 0)
+        self._init = torch.Generator().manual_seed(seed * 4 + 1)
+        self._eval = torch.Generator().manual_seed(seed * 4 + 2)
+        self._probe = torch.Generator().manual_seed(seed * 4 + 3)
+
+    @property
+    def chance_loss(self) -> float:
+        return math.log(self.classes)
+
+    def _make(self, n: int, gen: torch.Generator) -> Batch:
+        x = torch.randn(n, 1, self.in_dim, generator=gen)
+        y = (torch.relu(x @ self.w1) @ self.w2).argmax(-1)
+        flip = torch.rand(n, 1, generator=gen) < self.label_noise
+        y = torch.where(flip, torch.randint(0, self.classes, (n, 1), generator=gen), y)
+        x, y = x.to(self.device), y.to(self.device)
+        return x, x, y  # the second slot is unused by NormMLP
+
+    def train_batch(self, n: int) -> Batch:
+        return self._make(n, self._train)
+
+    def init_batch(self, n: int) -> Batch:
+        return self._make(n, self._init)
+
+    def eval_batch(self, n: int) -> Batch:
+        return self._make(n, self._eval)
+
+    def probe_batch(self, n: int) -> Batch:
+        return self._make(n, self._probe)

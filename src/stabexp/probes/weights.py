@@ -1,0 +1,96 @@
+"""Weight-norm dynamics of every weight matrix (spherical motion dynamics, REFERENCE.md Sec. 3).
+
+- weight_norm ||w_t||;
+- angular_update Delta_t = arccos(<w_t, w_{t+1}> / (||w_t|| ||w_{t+1}||)), computed without the
+  arccos (see `angle`), and its mean over the rows (output neurons) of the matrix;
+- effective_lr eta / ||w_t||^2, the step size that a scale-invariant weight actually feels;
+- scale_invariant: whether scaling the weight leaves the model's output unchanged (tested, not
+  assumed, on the model at hand).
+Theory values for these: stabexp/theory.py.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, List, Tuple
+
+import torch
+import torch.nn as nn
+
+Key = Tuple[str, int, str, str]  # (stack, layer, sublayer, param)
+
+
+def angle(a: torch.Tensor, b: torch.Tensor, dim=None) -> torch.Tensor:
+    """Angle between a and b (over `dim`, or as whole tensors), accurate for tiny angles.
+
+    arccos of the cosine loses everything below ~3e-4 rad in float32 (cos = 1 - theta^2/2).
+    Kahan's form 2 atan2(|u - v|, |u + v|) on the unit vectors u, v has an absolute error of a few
+    ulps at any angle, and gives exactly 0 when b == a."""
+    dtype = torch.promote_types(a.dtype, torch.float32)
+    a, b = a.to(dtype), b.to(dtype)
+    if dim is None:
+        a, b, dim = a.flatten(), b.flatten(), 0
+    u = a / torch.linalg.vector_norm(a, dim=dim, keepdim=True)
+    v = b / torch.linalg.vector_norm(b, dim=dim, keepdim=True)
+    return 2 * torch.atan2(torch.linalg.vector_norm(u - v, dim=dim), torch.linalg.vector_norm(u + v, dim=dim))
+
+
+def weight_matrices(model: nn.Module) -> Iterator[Tuple[str, int, str, str, nn.Parameter]]:
+    """(stack, layer, sublayer, param, weight) for every parameter with two or more dimensions.
+    A model may say it itself (`model.weight_matrices()`); otherwise each matrix inside a
+    residual sublayer is named after it, and any other one goes to stack "model"."""
+    if hasattr(model, "weight_matrices"):
+        yield from model.weight_matrices()
+        return
+    seen = set()
+    for stack, layer, sublayer, res in getattr(model, "residuals", lambda: iter(()))():
+        for name, p in res.named_parameters():
+            if p.dim() >= 2:
+                seen.add(id(p))
+                yield stack, layer, sublayer, name, p
+    for name, p in model.named_parameters():
+        if p.dim() >= 2 and id(p) not in seen:
+            yield "model", 0, name.rsplit(".", 1)[0], name, p
+
+
+class WeightProbe:
+    """Keeps one copy of the weight matrices (their values before the step being probed) and
+    measures norms and angles on device; the caller syncs once for all of them."""
+
+    def __init__(self, model: nn.Module):
+        entries = list(weight_matrices(model))
+        self.keys: List[Key] = [e[:4] for e in entries]
+        self.weights = [e[4] for e in entries]
+        self.previous = [w.detach().clone() for w in self.weights]
+
+    def snapshot(self) -> None:
+        """Call before the optimiser step whose angular update is wanted."""
+        with torch.no_grad():
+            torch._foreach_copy_(self.previous, [w.detach() for w in self.weights])
+
+    @torch.no_grad()
+    def measure(self) -> torch.Tensor:
+        """(3, n): ||w||, the angle from the snapshot, and the mean angle of the rows."""
+        norms = torch.stack(torch._foreach_norm([w.detach() for w in self.weights])).float()
+        angles = torch.stack([angle(p, w) for p, w in zip(self.previous, self.weights)])
+        rows = torch.stack([angle(p.flatten(1), w.flatten(1), dim=1).mean()
+                            for p, w in zip(self.previous, self.weights)])
+        return torch.stack([norms, angles, rows])
+
+
+@torch.no_grad()
+def scale_invariance(model: nn.Module, forward: Callable[[], torch.Tensor], factor: float = 2.0,
+                     rtol: float = 1e-4) -> List[bool]:
+    """For each weight matrix (WeightProbe order): is the output unchanged when the weight alone
+    is multiplied by `factor`? Multiplying and dividing by 2 is exact in floating point, so the
+    model is restored bit for bit. Costs one forward pass per matrix: run once, at init."""
+    was_training = model.training
+    model.eval()
+    base = forward()
+    tol = rtol * base.abs().max().clamp_min(1e-12)
+    flags = []
+    for *_, w in weight_matrices(model):
+        w.mul_(factor)
+        flags.append(bool(((forward() - base).abs().max() <= tol).item()))
+        w.div_(factor)
+    model.train(was_training)
+    return flags

@@ -1,0 +1,142 @@
+"""The presets (conf/experiment) end to end: real quick runs through the CLI, the collector's
+table, every figure script, and the report's fits."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from stabexp.config import conf_dir, validate
+from stabexp.plotting.collect import RUN_COLUMNS
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
+FIGURES = sorted(p.stem[len("fig_"):] for p in (ROOT / "scripts").glob("fig_*.py"))
+# Fewer steps than scale=quick itself, to keep the suite fast; the at-init presets train 0 steps.
+SHORT = ["train.steps=12", "probe.first_steps=4", "probe.every=4", "train.eval_every=6"]
+TRAINS = {"deepnet_early", "deepnet_depth", "depth_table"}
+
+
+def _cli(outputs: Path, *args):
+    env = dict(os.environ, STABEXP_OUTPUTS=str(outputs))
+    exe = Path(sys.executable).with_name("stabexp")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def quick_outputs(tmp_path_factory):
+    """Every preset at scale=quick (the training ones cut to 12 steps), then `make plots`."""
+    outputs = tmp_path_factory.mktemp("reproduce") / "outputs"
+    for preset in PRESETS:
+        extra = SHORT if preset in TRAINS else []
+        result = _cli(outputs, "run", f"experiment={preset}", "scale=quick", *extra)
+        assert result.returncode == 0, result.stderr[-2000:]
+    env = dict(os.environ, STABEXP_OUTPUTS=str(outputs))
+    plots = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_plots.py")], env=env,
+                           capture_output=True, text=True)
+    assert plots.returncode == 0, plots.stderr
+    outputs.plots_stdout = plots.stdout
+    return outputs
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("scale", ["default", "quick"])
+def test_every_preset_composes_to_a_valid_multirun(preset, scale):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"experiment={preset}", f"scale={scale}"],
+                      return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    assert str(cfg.hydra.mode).endswith("MULTIRUN")
+    assert cfg.experiment == preset and cfg.scale == scale
+    assert set(cfg.hydra.sweeper.params) <= {"group", "depth", "seed"}
+    if scale == "quick":
+        assert cfg.hydra.sweeper.params.depth == "2,3,4" and cfg.model.d_model == 16
+    del cfg["hydra"]
+    validate(cfg)
+
+
+def test_preset_is_listed_with_its_description(stabexp_cli):
+    result = stabexp_cli("list")
+    assert result.returncode == 0
+    for preset in PRESETS:
+        assert preset in result.stdout
+
+
+def test_a_bad_value_against_a_preset_is_one_line_and_runs_nothing(stabexp_cli):
+    result = stabexp_cli("run", "experiment=deepnet_depth", "depth=0")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "stabexp: error: depth=0 is not allowed: must be an integer >= 1"
+    assert not (stabexp_cli.outputs / "multirun").exists()
+    result = stabexp_cli("run", "experiment=deepnet_deep")
+    assert result.returncode == 2 and "choose one of" in result.stderr and "deepnet_depth" in result.stderr
+
+
+def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
+    runs = pd.read_csv(quick_outputs / "collected" / "runs.csv")
+    metrics = pd.read_csv(quick_outputs / "collected" / "metrics.csv")
+    layers = pd.read_csv(quick_outputs / "collected" / "layers.csv")
+    assert set(RUN_COLUMNS) <= set(runs.columns) and set(RUN_COLUMNS) <= set(metrics.columns)
+    assert runs.run.is_unique and set(runs.experiment) == set(PRESETS)
+    assert set(runs.scale) == {"quick"} and set(runs.status) <= {"completed", "diverged"}
+    assert not metrics.duplicated(["run", "step"]).any()
+    assert not layers.duplicated(["run", "step", "stack", "layer", "sublayer"]).any()
+    # Sweep sizes: groups x depths (x seeds), as the preset files say.
+    counts = runs.groupby("experiment").size()
+    assert counts["deepnet_early"] == 6 * 3 and counts["admin_output_change"] == 3 * 3 * 3
+    trained = runs[runs.experiment.isin(TRAINS) & (runs.status == "completed")]
+    assert (trained.steps_done == 12).all()
+    at_init = metrics[metrics.experiment == "admin_output_change"]
+    assert (at_init.step == 0).all() and at_init.output_change.gt(0).all()
+    w2 = layers[(layers.experiment == "grad_at_init")]
+    assert w2[w2.sublayer == "ffn"].w2_grad_norm.gt(0).all()
+    assert w2[w2.sublayer != "ffn"].w2_grad_norm.isna().all()
+
+
+def test_every_figure_is_built_and_byte_reproducible(quick_outputs):
+    figures = quick_outputs / "figures"
+    first = {}
+    for name in FIGURES:
+        assert f"wrote {figures / name}.png" in quick_outputs.plots_stdout
+        for ext in ("png", "pdf"):
+            first[f"{name}.{ext}"] = (figures / f"{name}.{ext}").read_bytes()
+            assert len(first[f"{name}.{ext}"]) > 1000
+    env = dict(os.environ, STABEXP_OUTPUTS=str(quick_outputs))
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_plots.py")], env=env, check=True,
+                   capture_output=True)
+    for key, data in first.items():
+        assert (figures / key).read_bytes() == data, key
+
+
+def test_report_prints_the_fits(quick_outputs):
+    sweep = quick_outputs / "multirun" / "experiment=admin_output_change__scale=quick"
+    result = _cli(quick_outputs, "report", str(sweep))
+    assert result.returncode == 0, result.stderr
+    assert "| group | points | sublayers | change_at_min | change_at_max | linear_r2 | log_r2 |" in result.stdout
+    for group in ("postln", "preln", "admin"):
+        assert f"| {group} | 9 | 10-20 |" in result.stdout
+    table = _cli(quick_outputs, "report", str(quick_outputs / "multirun" / "experiment=depth_table__scale=quick"))
+    assert "| group | 2L-2L | 3L-3L | 4L-4L |" in table.stdout
+
+
+def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs):
+    # Only the deepnet_early runs: its three figures are drawn, the others name their preset.
+    runs = pd.read_csv(quick_outputs / "collected" / "runs.csv")
+    (tmp_path / "collected").mkdir()
+    for name in ("runs", "metrics", "layers"):
+        table = pd.read_csv(quick_outputs / "collected" / f"{name}.csv")
+        table[table.run.isin(runs[runs.experiment == "deepnet_early"].run)].to_csv(
+            tmp_path / "collected" / f"{name}.csv", index=False)
+    for name in FIGURES:
+        script = ROOT / "scripts" / f"fig_{name}.py"
+        out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        if name in ("model_update", "ln_input_norm", "grad_norm_by_layer"):
+            assert out.stdout.startswith("wrote")
+        else:
+            assert out.stdout.startswith(f"skipped {name}: ") and "stabexp run experiment=" in out.stdout

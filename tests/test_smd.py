@@ -1,0 +1,71 @@
+"""Spherical motion dynamics: the theory values, the angle probe and the scale-invariance marker."""
+
+import math
+
+import pytest
+import torch
+
+from stabexp import theory
+from stabexp.model.normmlp import NormMLP, NormMLPConfig
+from stabexp.probes.weights import WeightProbe, angle, scale_invariance
+
+
+def test_theory_against_hand_computed_values():
+    assert theory.angular_update("sgd", 0.1, 5e-4) == pytest.approx(0.01)
+    assert theory.angular_update("sgdm", 0.1, 5e-4, momentum=0.9) == pytest.approx(math.sqrt(1e-4 / 1.9))
+    assert theory.angular_update("adamw", 1e-3, 0.1, beta1=0.9) == pytest.approx(0.0032444, rel=1e-4)
+    assert theory.angular_update("adam", 1e-3, 0.1) is None
+    assert theory.time_constant("sgd", 0.1, 5e-4) == pytest.approx(5000)
+    assert theory.time_constant("sgdm", 0.1, 5e-4, momentum=0.9) == pytest.approx(500)
+    assert theory.time_constant("adamw", 1e-3, 0.1) == pytest.approx(5000)
+    assert theory.equilibrium_norm("sgd", 0.1, 5e-4, grad_sq_at_unit_norm=4.0) == pytest.approx(400 ** 0.25)
+    assert theory.equilibrium_norm("adamw", 1e-3, 0.1, elements=100) == pytest.approx(math.sqrt(0.5))
+    assert theory.equilibrium_norm("sgd", 0.1, 0.0, grad_sq_at_unit_norm=4.0) is None
+    with pytest.raises(ValueError, match="optimiser 'lamb'"):
+        theory.angular_update("lamb", 0.1, 0.1)
+
+
+@pytest.mark.parametrize("theta", [1e-5, 1e-3, 0.3, 2.5])
+def test_angle_of_a_known_rotation(theta):
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 8, generator=gen, dtype=torch.float64)
+    u = w / w.norm()
+    r = torch.randn(16, 8, generator=gen, dtype=torch.float64)
+    r = r - (r * u).sum() * u
+    r = r / r.norm()
+    rotated = 3.0 * w.norm() * (math.cos(theta) * u + math.sin(theta) * r)  # rotated and rescaled
+    assert angle(w.float(), rotated.float()).item() == pytest.approx(theta, rel=2e-3, abs=1e-6)
+    assert angle(w, rotated).item() == pytest.approx(theta, rel=1e-9)
+    assert angle(w, w).item() == 0.0
+
+
+def test_row_angles_and_zero_angle_when_lr_is_zero():
+    model = NormMLP(NormMLPConfig(in_dim=4, width=8, depth=2, classes=3))
+    probe = WeightProbe(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0, weight_decay=0.1)
+    probe.snapshot()
+    model(torch.randn(5, 1, 4)).sum().backward()
+    opt.step()
+    norms, angles, rows = probe.measure()
+    assert angles.eq(0).all() and rows.eq(0).all()
+    assert torch.allclose(norms, torch.stack([w.detach().norm() for w in probe.weights]))
+    # Turn one row of the first matrix by 90 degrees: that row's angle is pi/2, so the mean over
+    # its 8 rows is pi/16; the other matrices did not move.
+    with torch.no_grad():
+        probe.snapshot()
+        row = probe.weights[0][0]
+        turned = torch.randn(4)
+        turned -= (turned @ row) / (row @ row) * row
+        probe.weights[0][0] = turned * row.norm() / turned.norm()
+    _, angles, rows = probe.measure()
+    assert rows[0].item() == pytest.approx(math.pi / 16, rel=1e-4)
+    assert 0 < angles[0] < math.pi / 2 and angles[1:].eq(0).all() and rows[1:].eq(0).all()
+
+
+def test_scale_invariance_marker_on_a_known_model():
+    model = NormMLP(NormMLPConfig(in_dim=4, width=8, depth=3, classes=3))
+    x = torch.randn(32, 1, 4, generator=torch.Generator().manual_seed(0))
+    flags = scale_invariance(model, lambda: model(x))
+    assert flags == [True, True, True, False]  # hidden W -> LN: invariant; the head is not
+    before = [w.detach().clone() for w in WeightProbe(model).weights]
+    assert all(torch.equal(a, b) for a, b in zip(before, WeightProbe(model).weights))
