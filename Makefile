@@ -8,10 +8,10 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 # The presets of conf/experiment, cheapest first; `make reproduce SCALE=quick` for a quick pass.
-PRESETS := admin_output_change grad_at_init deepnet_early deepnet_depth depth_table
+PRESETS := admin_output_change grad_at_init deepnet_early deepnet_depth depth_table smd
 SCALE   ?= default
 
-.PHONY: install run reproduce test plots bench
+.PHONY: install run reproduce docs-figures test plots bench
 
 install: $(STAMP)
 
@@ -33,6 +33,11 @@ reproduce: install
 	  $(BIN)/stabexp run experiment=$$p $(if $(filter-out default,$(SCALE)),scale=$(SCALE)) || exit 1; \
 	done
 	$(BIN)/python scripts/make_plots.py
+
+# The figures docs/results.md shows: copies of the last `make reproduce`'s PNGs.
+docs-figures:
+	mkdir -p docs/figures
+	cp outputs/figures/*.png docs/figures/
 
 test: install
 	$(BIN)/python -m pytest tests

@@ -80,6 +80,13 @@ def test_sweep_goes_on_past_a_diverged_run(stabexp_cli):
     (["-m", "group=postln,nope"], ["group=nope", "admin"]),
     (["-m", "depth=6,x"], ["depth=x"]),
     (["depth=6,18"], ["depth=6,18", "-m"]),
+    (["optim=sgdm", "optim.momentum=1.5"], ["optim.momentum=1.5", "[0, 1)"]),
+    (["optim=lamb"], ["optim=lamb", "adamw", "sgdm"]),
+    (["model=normmlp"], ["task=reverse", "normmlp", "teacher"]),
+    (["train.schedule=cosine"], ["train.schedule=cosine", "warmup_inverse_sqrt"]),
+    (["experiment=nope"], ["experiment=nope", "deepnet_depth", "smd"]),
+    (["scale=huge"], ["scale=huge", "quick"]),
+    (["experiment=depth_table", "depth=0"], ["depth=0", ">= 1"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_cli, args, words):
     r = stabexp_cli("run", *args)

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import open_dict
 
 from stabexp.config import conf_dir, validate
 from stabexp.plotting.collect import RUN_COLUMNS
@@ -19,7 +20,7 @@ PRESETS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
 FIGURES = sorted(p.stem[len("fig_"):] for p in (ROOT / "scripts").glob("fig_*.py"))
 # Fewer steps than scale=quick itself, to keep the suite fast; the at-init presets train 0 steps.
 SHORT = ["train.steps=12", "probe.first_steps=4", "probe.every=4", "train.eval_every=6"]
-TRAINS = {"deepnet_early", "deepnet_depth", "depth_table"}
+TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd"}
 
 
 def _cli(outputs: Path, *args):
@@ -54,10 +55,13 @@ def test_every_preset_composes_to_a_valid_multirun(preset, scale):
     GlobalHydra.instance().clear()
     assert str(cfg.hydra.mode).endswith("MULTIRUN")
     assert cfg.experiment == preset and cfg.scale == scale
-    assert set(cfg.hydra.sweeper.params) <= {"group", "depth", "seed"}
+    params = dict(cfg.hydra.sweeper.params)
+    assert set(params) <= {"group", "depth", "seed", "optim", "train.lr", "optim.weight_decay"}
     if scale == "quick":
-        assert cfg.hydra.sweeper.params.depth == "2,3,4" and cfg.model.d_model == 16
-    del cfg["hydra"]
+        assert cfg.model.d_model == 16 and params.get("depth", "2,3,4") == "2,3,4"
+        assert cfg.depth <= 4 or "depth" in params
+    with open_dict(cfg):
+        del cfg["hydra"]
     validate(cfg)
 
 
@@ -85,10 +89,11 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     assert runs.run.is_unique and set(runs.experiment) == set(PRESETS)
     assert set(runs.scale) == {"quick"} and set(runs.status) <= {"completed", "diverged"}
     assert not metrics.duplicated(["run", "step"]).any()
-    assert not layers.duplicated(["run", "step", "stack", "layer", "sublayer"]).any()
+    assert not layers.fillna({"param": ""}).duplicated(["run", "step", "stack", "layer", "sublayer", "param"]).any()
     # Sweep sizes: groups x depths (x seeds), as the preset files say.
     counts = runs.groupby("experiment").size()
-    assert counts["deepnet_early"] == 6 * 3 and counts["admin_output_change"] == 3 * 3 * 3
+    assert counts["deepnet_early"] == 6 and counts["deepnet_depth"] == 6 * 3
+    assert counts["admin_output_change"] == 3 * 3 * 3 and counts["smd"] == 3
     trained = runs[runs.experiment.isin(TRAINS) & (runs.status == "completed")]
     assert (trained.steps_done == 12).all()
     at_init = metrics[metrics.experiment == "admin_output_change"]

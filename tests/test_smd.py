@@ -46,7 +46,8 @@ def test_row_angles_and_zero_angle_when_lr_is_zero():
     probe.snapshot()
     model(torch.randn(5, 1, 4)).sum().backward()
     opt.step()
-    norms, angles, rows = probe.measure()
+    norms, angles, rows, grads = probe.measure()
+    assert grads.gt(0).all()
     assert angles.eq(0).all() and rows.eq(0).all()
     assert torch.allclose(norms, torch.stack([w.detach().norm() for w in probe.weights]))
     # Turn one row of the first matrix by 90 degrees: that row's angle is pi/2, so the mean over
@@ -57,7 +58,7 @@ def test_row_angles_and_zero_angle_when_lr_is_zero():
         turned = torch.randn(4)
         turned -= (turned @ row) / (row @ row) * row
         probe.weights[0][0] = turned * row.norm() / turned.norm()
-    _, angles, rows = probe.measure()
+    _, angles, rows, _ = probe.measure()
     assert rows[0].item() == pytest.approx(math.pi / 16, rel=1e-4)
     assert 0 < angles[0] < math.pi / 2 and angles[1:].eq(0).all() and rows[1:].eq(0).all()
 
@@ -69,3 +70,67 @@ def test_scale_invariance_marker_on_a_known_model():
     assert flags == [True, True, True, False]  # hidden W -> LN: invariant; the head is not
     before = [w.detach().clone() for w in WeightProbe(model).weights]
     assert all(torch.equal(a, b) for a, b in zip(before, WeightProbe(model).weights))
+
+
+SMD = ["model=normmlp", "task=teacher", "depth=2", "optim=sgd", "train.lr=0.1", "optim.weight_decay=0.01",
+       "train.schedule=constant", "probe.weights=true", "train.steps=6", "probe.every=2"]
+
+
+def test_a_normmlp_run_logs_every_weight_with_its_marker_and_the_theory(make_cfg, tmp_path):
+    import pandas as pd
+
+    from stabexp.train.trainer import train
+
+    summary = train(make_cfg(*SMD), tmp_path / "run")
+    assert summary["status"] == "completed" and summary["group"] == "normmlp"
+    assert summary["theory"]["angular_update"] == pytest.approx(math.sqrt(2 * 0.1 * 0.01))
+    assert summary["theory"]["time_constant"] == pytest.approx(250)
+    layers = pd.read_csv(tmp_path / "run" / "layers.csv")
+    weights = layers.dropna(subset=["param"])
+    assert set(weights.step) == {0, 1, 2, 3, 4, 6}  # first_steps 2, every 2, eval_every 3
+    first = weights[weights.step == 0]
+    assert list(first.sublayer) == ["hidden", "hidden", "head"]
+    assert list(first.scale_invariant) == [True, True, False]
+    assert first.angular_update.isna().all()  # nothing has moved at init
+    later = weights[weights.step > 0]
+    assert later.angular_update.gt(0).all() and later.grad_norm.gt(0).all()
+    assert (later.effective_lr - 0.1 / later.weight_norm ** 2).abs().max() < 1e-9
+
+
+@pytest.mark.parametrize("name", ["sgd", "sgdm", "adam", "adamw"])
+def test_weight_decay_reaches_matrices_only(name):
+    from omegaconf import OmegaConf
+
+    from stabexp.train.optim import build_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    cfg = OmegaConf.create({"train": {"lr": 0.1}, "optim": {"name": name, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                            "momentum": 0.9, "weight_decay": 0.5,
+                                                            "decay_on": "matrices"}})
+    opt = build_optimizer(cfg, model, torch.device("cpu"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        if p.dim() < 2:
+            assert torch.equal(p, before[n]), n  # bias and LN: no decay
+    w, w0 = model[0].weight.detach(), before["0.weight"]
+    if name == "adamw":
+        assert torch.allclose(w, w0 * (1 - 0.1 * 0.5))  # decoupled: a pure shrink
+    elif name in ("sgd", "sgdm"):
+        assert torch.allclose(w, w0 - 0.1 * 0.5 * w0)  # coupled: lambda w in the gradient
+    else:
+        assert torch.allclose(w, w0 - 0.1 * torch.sign(w0), atol=1e-6)  # Adam normalises lambda w
+
+
+def test_no_weight_of_the_transformer_is_scale_invariant(make_cfg):
+    from stabexp.data import make_task
+    from stabexp.model import build_model, initialise
+
+    cfg = make_cfg("group=preln")
+    task = make_task(cfg.task, 0, torch.device("cpu"))
+    model = build_model(cfg, cfg.task.vocab_size)
+    initialise(model, cfg.group.init, lambda: task.init_batch(4))
+    src, tgt_in, _ = task.probe_batch(4)
+    assert not any(scale_invariance(model, lambda: model(src, tgt_in)))  # biases and residual sums

@@ -92,3 +92,89 @@ def w2_grad_slopes(table: pd.DataFrame) -> pd.DataFrame:
         fit = loglog_slope(rows.depth, rows.w2_grad_norm)
         out.append({"group": group, "points": len(rows), "slope": fit["slope"], "r2": fit["r2"]})
     return pd.DataFrame(out)
+
+
+# --- spherical motion dynamics (theory: stabexp/theory.py) -----------------------------------
+
+def smd_window_start(time_constant: float, steps: int, n_tau: float = 5.0) -> float:
+    """Equilibrium is averaged from n_tau time constants on, and never over the first half of
+    the run (the init sits far from equilibrium, which the linear rate does not count)."""
+    return max(n_tau * time_constant, steps / 2)
+
+
+def time_to_equilibrium(steps, values, equilibrium: float, tolerance: float = 0.1, smooth: int = 10) -> float:
+    """First step after which the running mean (over `smooth` rows) of `values` stays within
+    `tolerance` of `equilibrium`; NaN if it never settles."""
+    series = pd.Series(np.asarray(values, dtype=float), index=np.asarray(steps)).rolling(smooth).mean()
+    outside = (series - equilibrium).abs() > tolerance * equilibrium
+    outside |= series.isna()
+    if outside.iloc[-1]:
+        return float("nan")
+    last_out = outside[outside].index.max() if outside.any() else series.index[0]
+    later = series.index[series.index > last_out]
+    return float(later[0]) if len(later) else float("nan")
+
+
+def smd_equilibrium(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    """One row per run with a predicted equilibrium: the measured equilibrium angular update of
+    its scale-invariant weights (mean over weights and over the window) against the theory, the
+    same mean for its other weights, the time to equilibrium against the time constant, and the
+    measured norm against the predicted one (SGD/SGDM from the measured L = E(||g|| ||w||)^2,
+    AdamW from the element count)."""
+    from stabexp import theory
+
+    out = []
+    weights = layers.dropna(subset=["angular_update"]) if "angular_update" in layers else layers.iloc[0:0]
+    for _, run in runs.dropna(subset=["theory_angular_update"]).iterrows():
+        rows = weights[weights.run == run.run]
+        if rows.empty:
+            continue
+        invariant = rows[rows.scale_invariant.astype(str) == "True"]
+        other = rows[rows.scale_invariant.astype(str) != "True"]
+        start = smd_window_start(run.theory_time_constant, run.steps_done)
+        in_window = invariant[invariant.step >= start]
+        measured = in_window.angular_update.mean()
+        per_step = invariant.groupby("step").angular_update.mean()
+        settle = time_to_equilibrium(per_step.index, per_step.values, measured)
+        # Predicted equilibrium norm of each scale-invariant weight, then the mean ratio.
+        ratios = []
+        for _, w in in_window.groupby(["stack", "layer", "sublayer", "param"]):
+            if run.optim in ("sgd", "sgdm"):
+                grad_sq = ((w.grad_norm * w.weight_norm) ** 2).mean()
+                predicted = theory.equilibrium_norm(run.optim, run.lr, run.weight_decay, run.momentum,
+                                                    grad_sq_at_unit_norm=grad_sq)
+            elif "elements" in w and w.elements.notna().any():
+                predicted = theory.equilibrium_norm(run.optim, run.lr, run.weight_decay,
+                                                    elements=int(w.elements.iloc[0]))
+            else:
+                predicted = None
+            if predicted:
+                ratios.append(w.weight_norm.mean() / predicted)
+        out.append({"run": run.run, "optim": run.optim, "lr": run.lr, "weight_decay": run.weight_decay,
+                    "lr_x_wd": run.lr * run.weight_decay, "window_from": start,
+                    "predicted": run.theory_angular_update, "measured": measured,
+                    "ratio": measured / run.theory_angular_update,
+                    "other_weights": other[other.step >= start].angular_update.mean(),
+                    "time_constant": run.theory_time_constant, "time_to_equilibrium": settle,
+                    "norm_ratio": float(np.mean(ratios)) if ratios else float("nan")})
+    return pd.DataFrame(out)
+
+
+def preln_stream_growth(layers: pd.DataFrame) -> pd.DataFrame:
+    """Xiong et al. 2020 (Lemma 2): in Pre-LN at init E||x_l||^2 grows linearly in l. Per stack
+    of the deepest Pre-LN models: the linear fit of the mean squared LN input norm (the residual
+    stream entering each sublayer) on the sublayer position, with R^2."""
+    rows = layers[(layers.step == 0) & (layers.group == "preln")].dropna(subset=["ln_input_norm"])
+    if "param" in rows:
+        rows = rows[rows.param.isna()]
+    if rows.empty:
+        return pd.DataFrame()
+    rows = rows[rows.depth == rows.depth.max()].copy()
+    rows["position"] = rows.groupby(["run", "stack"]).cumcount() + 1
+    out = []
+    for stack, r in rows.groupby("stack"):
+        mean_sq = r.assign(sq=r.ln_input_norm ** 2).groupby("position").sq.mean()
+        fit = least_squares(mean_sq.index, mean_sq.values)
+        out.append({"stack": stack, "depth": int(r.depth.iloc[0]), "sublayers": len(mean_sq),
+                    "first": mean_sq.iloc[0], "last": mean_sq.iloc[-1], "slope": fit["slope"], "r2": fit["r2"]})
+    return pd.DataFrame(out)

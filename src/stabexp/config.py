@@ -51,16 +51,24 @@ def run_name(overrides) -> str:
     return name
 
 
-# Resolvers used by conf/config.yaml's hydra section; registered once at import.
+def by_scale(scale: str, default, quick):
+    """`${by_scale:${scale},DEFAULT,QUICK}` in a preset: its value at each scale (conf/scale)."""
+    return quick if scale == "quick" else default
+
+
+# Resolvers used by conf/config.yaml's hydra section and the presets; registered once at import.
 if not OmegaConf.has_resolver("stabexp_outputs"):
     OmegaConf.register_new_resolver("stabexp_outputs", lambda: str(outputs_dir()))
     OmegaConf.register_new_resolver("stabexp_run_name", run_name)
+    OmegaConf.register_new_resolver("by_scale", by_scale)
 
 
 # --- schema --------------------------------------------------------------------------------
 
 RESIDUAL_STYLES = ("postln", "preln", "deepnorm", "admin")
 SCHEDULES = ("constant", "warmup_inverse_sqrt")
+ARCHS = ("transformer", "normmlp")
+TASK_OF_ARCH = {"transformer": "reverse", "normmlp": "teacher"}
 
 
 @dataclass
@@ -80,7 +88,8 @@ class ModelConfig:
     """Width of the Transformer (conf/model/*.yaml). Depth is the top-level `depth`."""
 
     name: str = MISSING
-    d_model: int = 64          # residual width d
+    arch: str = "transformer"  # transformer (model/transformer.py) or normmlp (model/normmlp.py)
+    d_model: int = 64          # residual width d (normmlp: hidden width)
     ffn_dim: int = 128         # FFN hidden width
     n_heads: int = 2           # attention heads; d_model must divide by it
     dropout: float = 0.0       # on branch outputs and attention; 0 keeps runs deterministic
@@ -95,16 +104,21 @@ class TaskConfig:
     seq_len: int = 10          # source and target length
     eval_batch_size: int = 256  # fixed held-out batch for eval loss / accuracy
     probe_batch_size: int = 32  # fixed batch x of the model update F(x, theta_i)
+    classes: int = 10          # teacher: classes (chance loss ln(classes))
+    in_dim: int = 32           # teacher: input features
+    label_noise: float = 0.1   # teacher: fraction of labels drawn at random
 
 
 @dataclass
 class OptimConfig:
     """The optimiser (conf/optim/*.yaml)."""
 
-    name: str = MISSING
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    name: str = MISSING         # adam (coupled L2 decay), adamw, sgd or sgdm: train/optim.py
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])  # adam, adamw
+    eps: float = 1e-8           # adam, adamw
+    momentum: float = 0.0       # sgdm
+    weight_decay: float = 0.0   # lambda, PyTorch's convention for each optimiser
+    decay_on: str = "matrices"  # matrices (and embeddings) only, or all parameters
 
 
 @dataclass
@@ -114,6 +128,7 @@ class TrainConfig:
     # learns without warm-up on the reverse task (README, "What it shows").
     lr: float = 1e-3
     warmup_steps: int = 100     # linear warm-up length, for schedules that warm up
+    schedule: str = "group"     # the group's lr schedule, or one of SCHEDULES to override it
     batch_size: int = 64
     clip_norm: float = 0.0      # total grad-norm clipping; 0 = off (as in the studies)
     eval_every: int = 100       # eval loss / accuracy on the held-out batch every so many steps
@@ -131,6 +146,9 @@ class ProbeConfig:
     # Before training: Admin's output change and the gradient at init (probes/at_init.py),
     # written into the step-0 rows. With train.steps=0 a run measures only this.
     at_init: bool = False
+    # Norm, angular update and effective lr of every weight matrix (probes/weights.py) in the
+    # layers rows of each probe step, plus which weights are scale-invariant.
+    weights: bool = False
 
 
 @dataclass
@@ -146,7 +164,8 @@ class Config:
     seed: int = 0                       # fixes init, data and probe batch
     overwrite: bool = False             # re-run a folder that already holds a finished run
     experiment: str = ""                # preset this run belongs to (conf/experiment sets it)
-    scale: str = "default"              # preset scale: default or quick (conf/scale sets it)
+    scale: str = "default"              # preset scale, default or quick: set by conf/scale, read by
+                                        # the presets' ${by_scale:${scale},DEFAULT,QUICK}
 
 
 def register_configs() -> None:
@@ -196,12 +215,17 @@ def _check_known_keys(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError with one line naming the bad value and what is allowed."""
     from stabexp.model.init import INIT_RULES
+    from stabexp.train.optim import DECAY_ON, OPTIMISERS
 
     _check_known_keys(cfg, _schema())
     _need(cfg.depth >= 1, "depth", cfg.depth, "must be an integer >= 1")
     if cfg.decoder_depth is not None:
         _need(cfg.decoder_depth >= 1, "decoder_depth", cfg.decoder_depth,
               "must be an integer >= 1 (or null for decoder_depth = depth)")
+    m = cfg.model
+    _need(m.arch in ARCHS, "model.arch", m.arch, f"one of {', '.join(ARCHS)}")
+    _need(cfg.task.name == TASK_OF_ARCH[m.arch], "task", cfg.task.name,
+          f"model.arch={m.arch} trains on task={TASK_OF_ARCH[m.arch]}")
     g = cfg.group
     _need(g.residual in RESIDUAL_STYLES, "group.residual", g.residual,
           f"one of {', '.join(RESIDUAL_STYLES)}")
@@ -209,7 +233,6 @@ def validate(cfg: DictConfig) -> None:
     _need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
     _need(g.init != "admin_profiled" or g.residual == "admin", "group.init", g.init,
           "admin_profiled sets Admin's omegas, so it needs group.residual=admin")
-    m = cfg.model
     for key in ("d_model", "ffn_dim", "n_heads"):
         _need(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
     _need(m.d_model % m.n_heads == 0, "model.n_heads", m.n_heads,
@@ -217,9 +240,13 @@ def validate(cfg: DictConfig) -> None:
     _need(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "must be in [0, 1)")
     t = cfg.task
     _need(t.vocab_size >= 3, "task.vocab_size", t.vocab_size, "must be >= 3")
-    for key in ("seq_len", "eval_batch_size", "probe_batch_size"):
+    for key in ("seq_len", "eval_batch_size", "probe_batch_size", "classes", "in_dim"):
         _need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
+    _need(0.0 <= t.label_noise <= 1.0, "task.label_noise", t.label_noise, "must be in [0, 1]")
     o = cfg.optim
+    _need(o.name in OPTIMISERS, "optim.name", o.name, f"one of {', '.join(OPTIMISERS)}")
+    _need(0.0 <= o.momentum < 1.0, "optim.momentum", o.momentum, "must be in [0, 1)")
+    _need(o.decay_on in DECAY_ON, "optim.decay_on", o.decay_on, f"one of {', '.join(DECAY_ON)}")
     _need(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
           list(o.betas), "two numbers in [0, 1)")
     _need(o.eps > 0, "optim.eps", o.eps, "must be > 0")
@@ -228,6 +255,8 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.steps >= 0, "train.steps", tr.steps, "must be an integer >= 0 (0 = probes at init only)")
     _need(tr.lr > 0, "train.lr", tr.lr, "must be > 0")
     _need(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, "must be >= 0")
+    _need(tr.schedule in ("group", *SCHEDULES), "train.schedule", tr.schedule,
+          f"one of group, {', '.join(SCHEDULES)}")
     _need(tr.batch_size >= 1, "train.batch_size", tr.batch_size, "must be an integer >= 1")
     _need(tr.clip_norm >= 0, "train.clip_norm", tr.clip_norm, "must be >= 0 (0 = off)")
     _need(tr.eval_every >= 1, "train.eval_every", tr.eval_every, "must be an integer >= 1")

@@ -13,7 +13,8 @@ from typing import List, Optional
 
 import pandas as pd
 
-from stabexp.analysis import last_w2_grad, output_change_fits, output_change_table, w2_grad_slopes
+from stabexp.analysis import (last_w2_grad, output_change_fits, output_change_table, preln_stream_growth,
+                              smd_equilibrium, w2_grad_slopes)
 from stabexp.config import outputs_dir
 from stabexp.plotting.collect import collect
 from stabexp.plotting.figures import GROUP_ORDER
@@ -64,11 +65,28 @@ def fits_section(tables) -> List[str]:
         if {"postln", "preln"} <= set(means.index):
             lines += ["", f"Post-LN / Pre-LN output change at {change.sublayers.max()} sublayers: "
                       f"{means['postln'] / means['preln']:.2f}"]
+    runs = tables["runs"]
+    smd = (smd_equilibrium(runs, tables["layers"])
+           if "theory_angular_update" in runs and runs.theory_angular_update.notna().any() else pd.DataFrame())
+    if not smd.empty:
+        lines += ["", "Spherical motion dynamics: equilibrium angular update per step of the scale-invariant "
+                  "weights (mean from window_from to the end) against the theory (stabexp/theory.py); "
+                  "other_weights: the same mean for the weights that are not scale-invariant.", ""]
+        lines += _markdown(smd[["optim", "lr", "weight_decay", "window_from", "predicted", "measured", "ratio",
+                                "other_weights", "time_constant", "time_to_equilibrium", "norm_ratio"]],
+                           {"lr": "{:g}", "weight_decay": "{:g}", "window_from": "{:.0f}", "predicted": "{:.4f}",
+                            "measured": "{:.4f}", "ratio": "{:.3f}", "other_weights": "{:.4f}",
+                            "time_constant": "{:.0f}", "time_to_equilibrium": "{:.0f}", "norm_ratio": "{:.3f}"})
     slopes = w2_grad_slopes(last_w2_grad(tables["layers"]))
     if not slopes.empty:
         lines += ["", "Last decoder W_2 gradient at init against depth L (Xiong et al. 2020): "
                   "log-log slope (0: flat, -0.5: 1/sqrt(L)).", ""]
         lines += _markdown(slopes, {"slope": "{:+.3f}", "r2": "{:.3f}"})
+    growth = preln_stream_growth(tables["layers"])
+    if not growth.empty:
+        lines += ["", "Pre-LN residual stream at init (Xiong et al. 2020): squared norm of each sublayer's "
+                  "input against its position, linear fit.", ""]
+        lines += _markdown(growth, {"first": "{:.1f}", "last": "{:.1f}", "slope": "{:.2f}", "r2": "{:.3f}"})
     return lines
 
 
@@ -94,7 +112,8 @@ def sweep_table(sweep_dir: Path) -> str:
         note = "Cells: output change |F(x,W) - F(x,W+delta)|^2 at init, mean over seeds."
     else:
         note = f"Cells: final eval loss (token accuracy). Chance loss {chance.iloc[0]:.3f}." if len(chance) else ""
-    return f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "") + "\n".join(["", *fits_section(tables)])
+    text = f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")
+    return text + "\n".join(["", *fits_section(tables)])
 
 
 def latest_sweep() -> Optional[Path]:

@@ -1,15 +1,20 @@
-"""The encoder-decoder Transformer (transformer.py) and its named init rules (init.py)."""
+"""The encoder-decoder Transformer (transformer.py) and its named init rules (init.py); the
+normalised network of the SMD study (normmlp.py)."""
 
 from __future__ import annotations
 
 from typing import Callable, Dict
 
 from stabexp.model.init import INIT_RULES, deepnorm_encoder_decoder
+from stabexp.model.normmlp import NormMLP, NormMLPConfig
 from stabexp.model.transformer import Seq2SeqTransformer, TransformerConfig
 
 
-def build_model(cfg, vocab_size: int) -> Seq2SeqTransformer:
+def build_model(cfg, vocab_size: int):
     """The model a run's config describes, before its init rule runs."""
+    if cfg.model.arch == "normmlp":
+        return NormMLP(NormMLPConfig(in_dim=cfg.task.in_dim, width=cfg.model.d_model, depth=cfg.depth,
+                                     classes=cfg.task.classes))
     n_enc = cfg.depth
     n_dec = cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth
     alphas = {"encoder": 1.0, "decoder": 1.0}
@@ -23,8 +28,11 @@ def build_model(cfg, vocab_size: int) -> Seq2SeqTransformer:
     ))
 
 
-def initialise(model: Seq2SeqTransformer, rule: str, batch: Callable) -> Dict:
-    """Apply a named init rule; return every constant the residual style and the rule resolved."""
+def initialise(model, rule: str, batch: Callable) -> Dict:
+    """Apply a named init rule; return every constant the residual style and the rule resolved.
+    NormMLP has its own init (He normal, in its constructor) and no residual style."""
+    if isinstance(model, NormMLP):
+        return {"residual": None, "init": "kaiming_normal (model/normmlp.py)"}
     constants: Dict = {"residual": model.config.residual, "init": rule,
                        "alpha": {"encoder": model.config.encoder_alpha,
                                  "decoder": model.config.decoder_alpha}}
@@ -32,4 +40,5 @@ def initialise(model: Seq2SeqTransformer, rule: str, batch: Callable) -> Dict:
     return constants
 
 
-__all__ = ["Seq2SeqTransformer", "TransformerConfig", "build_model", "initialise", "INIT_RULES"]
+__all__ = ["Seq2SeqTransformer", "TransformerConfig", "NormMLP", "NormMLPConfig", "build_model",
+           "initialise", "INIT_RULES"]

@@ -34,7 +34,13 @@ def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
         info = {"run": run_id, "sweep": str(folder.parent.relative_to(outputs)),
                  **{k: summary.get(k) for k in RUN_COLUMNS[2:]}}
         info["scale"] = info["scale"] or "default"
-        runs.append({**info, "d_model": summary.get("d_model"), "steps_done": summary.get("steps_done"),
+        optim, predicted = summary.get("optim") or {}, summary.get("theory") or {}
+        runs.append({**info, "d_model": summary.get("d_model"), "optim": optim.get("name"),
+                     "lr": optim.get("lr"), "weight_decay": optim.get("weight_decay"),
+                     "momentum": optim.get("momentum"), "beta1": optim.get("beta1"),
+                     "theory_angular_update": predicted.get("angular_update"),
+                     "theory_time_constant": predicted.get("time_constant"),
+                     "steps_done": summary.get("steps_done"),
                      "diverged_at_step": summary.get("diverged_at_step"),
                      "final_eval_loss": summary.get("final_eval_loss"),
                      "final_eval_acc": summary.get("final_eval_acc"),

@@ -13,7 +13,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 GROUP_ORDER = ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin"]

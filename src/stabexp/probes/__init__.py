@@ -64,14 +64,15 @@ class LayerProbe:
         residuals = self.residuals
         # Eval mode only matters with dropout; toggling every module costs more than the
         # probe's own arithmetic in a deep tiny model, so skip it when nothing would change.
-        toggle = self.model.training and self.model.config.dropout > 0
+        toggle = self.model.training and getattr(self.model.config, "dropout", 0) > 0
         if toggle:
             self.model.eval()
         for res in residuals:
             res.record_ln_input = True
         try:
             feats = self.model.features(src, tgt_in)
-            ln_norms = torch.stack([res.ln_input_norm for res in residuals])
+            ln_norms = (torch.stack([res.ln_input_norm for res in residuals]) if residuals
+                        else feats.new_zeros(0))
         finally:
             for res in residuals:
                 res.record_ln_input = False

@@ -69,12 +69,15 @@ class WeightProbe:
 
     @torch.no_grad()
     def measure(self) -> torch.Tensor:
-        """(3, n): ||w||, the angle from the snapshot, and the mean angle of the rows."""
+        """(4, n): ||w||, the angle from the snapshot, the mean angle of the rows, and ||grad||
+        (0 without a gradient)."""
         norms = torch.stack(torch._foreach_norm([w.detach() for w in self.weights])).float()
         angles = torch.stack([angle(p, w) for p, w in zip(self.previous, self.weights)])
         rows = torch.stack([angle(p.flatten(1), w.flatten(1), dim=1).mean()
                             for p, w in zip(self.previous, self.weights)])
-        return torch.stack([norms, angles, rows])
+        grads = torch.stack(torch._foreach_norm(
+            [w.grad if w.grad is not None else torch.zeros_like(w) for w in self.weights])).float()
+        return torch.stack([norms, angles.float(), rows.float(), grads])
 
 
 @torch.no_grad()

@@ -10,6 +10,9 @@ Files (all in out_dir):
 
 Row at step i: `loss`, `grad_norm` and `lr` belong to optimiser step i (computed on theta_{i-1});
 `model_update`, `ln_input_norm` and the eval columns are measured on theta_i, after the step.
+With probe.weights a row per weight matrix and probe step holds its norm ||w_i||, the angular
+update of step i (theta_{i-1} to theta_i, whole matrix and mean over rows), the effective lr
+lr_i / ||w_i||^2 and whether the weight is scale-invariant in this model (probes/weights.py).
 With probe.at_init the step-0 rows also hold the at-init probes (probes/at_init.py):
 `output_change` (metrics) and `input_change` (layers) from Admin's perturbation, and
 `grad_norm` / `w2_grad_norm` of one backward pass at theta_0 on a batch of the init stream.
@@ -32,19 +35,24 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
+from stabexp import theory
 from stabexp.config import validate
-from stabexp.data import TASKS
+from stabexp.data import make_task
 from stabexp.model import build_model, initialise
 from stabexp.probes import LayerProbe, model_update, rows_for_layers
 from stabexp.probes.at_init import grad_at_init, output_change
+from stabexp.probes.weights import WeightProbe, scale_invariance
+from stabexp.train.optim import build_optimizer
 from stabexp.train.schedule import lr_factor
 
 log = logging.getLogger("stabexp")
 
 METRICS_COLUMNS = ["step", "lr", "loss", "grad_norm", "model_update", "output_change", "eval_loss",
                    "eval_acc", "elapsed_s"]
-LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "grad_norm", "ln_input_norm", "input_change",
-                  "w2_grad_norm"]
+# A row is a residual sublayer (param empty) or, with probe.weights, one weight matrix (param set).
+LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm",
+                  "input_change", "w2_grad_norm", "weight_norm", "angular_update",
+                  "row_angular_update", "effective_lr", "scale_invariant", "elements"]
 FINISHED = ("completed", "diverged")
 
 
@@ -100,6 +108,11 @@ def evaluate(model, batch) -> Dict[str, float]:
     return {"eval_loss": loss, "eval_acc": acc}
 
 
+def group_name(cfg: DictConfig) -> str:
+    """A group is a residual placement of the Transformer; NormMLP has none: it goes by its name."""
+    return cfg.group.name if cfg.model.arch == "transformer" else cfg.model.arch
+
+
 def train(cfg: DictConfig, out_dir) -> Dict:
     """Run one experiment; return its summary (also written to out_dir/summary.json).
 
@@ -116,7 +129,7 @@ def train(cfg: DictConfig, out_dir) -> Dict:
         return previous
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     summary = {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
-               "group": cfg.group.name, "depth": cfg.depth,
+               "group": group_name(cfg), "depth": cfg.depth,
                "decoder_depth": cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth,
                "seed": cfg.seed, "model": cfg.model.name, "d_model": cfg.model.d_model,
                "task": cfg.task.name,
@@ -153,21 +166,28 @@ class Run:
             torch.set_num_threads(t.threads)
         self.device = device = _device(t.device)
         torch.manual_seed(cfg.seed)
-        self.task = task = TASKS[cfg.task.name](cfg.task.vocab_size, cfg.task.seq_len, cfg.seed, device)
+        self.task = task = make_task(cfg.task, cfg.seed, device)
         self.eval_batch = task.eval_batch(cfg.task.eval_batch_size)
         self.probe_src, self.probe_tgt_in, _ = task.probe_batch(cfg.task.probe_batch_size)
 
         self.model = model = build_model(cfg, cfg.task.vocab_size).to(device)
         summary["constants"] = initialise(model, cfg.group.init, lambda: task.init_batch(t.batch_size))
         summary["chance_loss"] = task.chance_loss
+        o = cfg.optim
+        summary["optim"] = {"name": o.name, "lr": t.lr, "weight_decay": o.weight_decay,
+                            "momentum": o.momentum, "beta1": o.betas[0], "decay_on": o.decay_on}
+        if o.weight_decay > 0:
+            summary["theory"] = theory.equilibrium(o.name, t.lr, o.weight_decay, o.momentum, o.betas[0])
         _write_json(out_dir / "summary.json", summary)  # status "running": visible while it trains
 
-        self.opt = torch.optim.Adam(model.parameters(), lr=t.lr, betas=tuple(cfg.optim.betas),
-                                    eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
-                                    **_fast_adam(device))
+        self.opt = build_optimizer(cfg, model, device)
+        schedule = cfg.group.schedule if t.schedule == "group" else t.schedule
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda i: lr_factor(cfg.group.schedule, i + 1, t.warmup_steps))
+            self.opt, lambda i: lr_factor(schedule, i + 1, t.warmup_steps))
         self.probe = LayerProbe(model) if cfg.probe.enabled else None
+        self.weights = WeightProbe(model) if cfg.probe.enabled and cfg.probe.weights else None
+        if self.weights is not None:
+            self.scale_invariant = scale_invariance(model, lambda: model(self.probe_src, self.probe_tgt_in))
         # Exploding = above explode_factor times the larger of the chance loss and the first
         # loss (the first loss can sit far above chance: tied embeddings, strong identity path).
         self.explode_at = float("inf")
@@ -223,20 +243,25 @@ class Run:
                                  "elapsed_s": time.perf_counter() - self.start}])
             log.warning("diverged at step %d (loss %s)", step, loss_value)
             return False
-        grads = self.probe.grad_norms() if self.is_probe_step(step) else None
+        probing = self.is_probe_step(step)
+        grads = self.probe.grad_norms() if probing else None
         if t.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+        if probing and self.weights is not None:
+            self.weights.snapshot()
         self.opt.step()
         self.sched.step()
         self.steps_done = step
         row = None
         if grads is not None or self.is_eval_step(step):
-            row = self.record(step, lr, loss_value, grads)
+            row = self.record(step, lr, loss_value, grads, weights_moved=probing)
         self.progress.update(step, loss_value, row.get("model_update") if row else None)
         return True
 
-    def record(self, step: int, lr, loss, grads, at_init: Optional[Dict] = None) -> Dict:
-        """Write the metrics row (and, with probes on, the layers rows) for `step`."""
+    def record(self, step: int, lr, loss, grads, at_init: Optional[Dict] = None,
+               weights_moved: bool = False) -> Dict:
+        """Write the metrics row (and, with probes on, the layers rows) for `step`.
+        `weights_moved`: the weight probe holds the weights from before this step."""
         row = {"step": step, "lr": lr, "loss": loss}
         if self.probe is not None:
             feats, ln_norms = self.probe.features_with_ln_norms(self.probe_src, self.probe_tgt_in)
@@ -252,6 +277,9 @@ class Run:
                 for r, g, c, w2 in zip(rows, at_init["sublayer_grad_norm"], at_init["input_change"],
                                        at_init["w2_grad_norm"]):
                     r.update(grad_norm=g, input_change=c, w2_grad_norm=w2)
+            if self.weights is not None:
+                rows += self._weight_rows(step, lr if lr is not None else self.sched.get_last_lr()[0],
+                                          weights_moved)
             self.layers.write(rows)
         if self.is_eval_step(step):
             row.update(evaluate(self.model, self.eval_batch))
@@ -263,16 +291,21 @@ class Run:
         self.metrics.write([row])
         return row
 
+    def _weight_rows(self, step: int, lr: float, moved: bool):
+        norms, angles, row_angles, grads = self.weights.measure().tolist()  # one host sync
+        nan = float("nan")
+        return [{"step": step, "stack": stack, "layer": layer, "sublayer": sublayer, "param": param,
+                 "grad_norm": g if moved else nan, "weight_norm": n,
+                 "angular_update": a if moved else nan, "row_angular_update": r if moved else nan,
+                 "effective_lr": lr / n ** 2, "scale_invariant": inv, "elements": w.numel()}
+                for (stack, layer, sublayer, param), w, n, a, r, g, inv
+                in zip(self.weights.keys, self.weights.weights, norms, angles, row_angles, grads,
+                       self.scale_invariant)]
+
     def close(self) -> None:
         self.metrics.close()
         self.layers.close()
         self.progress.close()
-
-
-def _fast_adam(device: torch.device) -> Dict:
-    # The fused kernel updates every tensor in one call; PyTorch's default on the CPU is a
-    # Python loop over parameters, which dominates the step of a 100-layer tiny model.
-    return {"fused": True} if device.type in ("cpu", "cuda") else {}
 
 
 def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float) -> Dict:
@@ -298,7 +331,7 @@ class _Progress:
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.train.steps, desc=f"{cfg.group.name} L{cfg.depth}",
+            self.bar = tqdm(total=cfg.train.steps, desc=f"{group_name(cfg)} L{cfg.depth}",
                             leave=True)
 
     def update(self, step: int, loss: float, update: Optional[float]) -> None:
@@ -309,8 +342,9 @@ class _Progress:
             if update is not None:
                 self.bar.set_postfix(loss=f"{loss:.3f}", model_update=f"{self.last_update:.3g}")
         elif self.enabled and (step % self.every == 0 or step == self.cfg.train.steps):
-            log.info("%s L%d step %d/%d loss %.4f model_update %.4g", self.cfg.group.name,
-                     self.cfg.depth, step, self.cfg.train.steps, loss, self.last_update)
+            probed = f" model_update {self.last_update:.4g}" if math.isfinite(self.last_update) else ""
+            log.info("%s L%d step %d/%d loss %.4f%s", group_name(self.cfg), self.cfg.depth, step,
+                     self.cfg.train.steps, loss, probed)
 
     def close(self) -> None:
         if self.bar is not None:
