@@ -32,7 +32,8 @@ def draw(tables):
                 text = f"diverged\n@ {int(diverged.diverged_at_step.min())}"
             else:
                 text = "-"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7)
+            dark = np.isfinite(values[i, j]) and np.isfinite(chance) and values[i, j] > 0.6 * chance
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     image = ax.imshow(values, cmap="viridis_r", vmin=0, vmax=chance if np.isfinite(chance) else None,
                       aspect="auto")
     fig.colorbar(image, ax=ax, label=f"final eval loss (chance {chance:.2f})")

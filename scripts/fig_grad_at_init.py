@@ -7,8 +7,8 @@ et al. show grows linearly in l. Preset: grad_at_init."""
 import sys
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import NullFormatter
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 from stabexp.analysis import last_w2_grad, w2_grad_slopes
 from stabexp.plotting.figures import FIGSIZE_PER_PANEL, figure_main, group_color, ordered_groups

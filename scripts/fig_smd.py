@@ -27,15 +27,15 @@ def draw(tables):
     fig, axes = plt.subplots(2, len(optimisers) + 1, squeeze=False,
                              figsize=(FIGSIZE_PER_PANEL[0] * (len(optimisers) + 1), FIGSIZE_PER_PANEL[1] * 2))
     cmap = plt.get_cmap("viridis")
-    products = sorted(set((runs.lr * runs.weight_decay).round(12)))
-    colour = {p: cmap(i / max(len(products) - 1, 1) * 0.85) for i, p in enumerate(products)}
+    pairs = sorted(set(zip(runs.lr, runs.weight_decay)))
+    colour = {p: cmap(i / max(len(pairs) - 1, 1) * 0.85) for i, p in enumerate(pairs)}
     invariant = layers[layers.scale_invariant.astype(str) == "True"]
     for col, optim in enumerate(optimisers):
         top, bottom = axes[0][col], axes[1][col]
         for _, run in runs[runs.optim == optim].sort_values(["lr", "weight_decay"]).iterrows():
             rows = invariant[invariant.run == run.run].dropna(subset=["angular_update"])
             mean = rows.groupby("step")[["angular_update", "weight_norm"]].mean()
-            c = colour[round(run.lr * run.weight_decay, 12)]
+            c = colour[(run.lr, run.weight_decay)]
             label = f"lr {run.lr:g}, wd {run.weight_decay:g}"
             top.plot(mean.index, mean.angular_update.rolling(10, min_periods=1).mean(), color=c, lw=1.2, label=label)
             top.axhline(run.theory_angular_update, color=c, ls="--", lw=0.9)
@@ -55,12 +55,21 @@ def draw(tables):
         bottom.set_xlabel("step")
         bottom.set_ylabel("mean weight norm")
     ratio_ax, time_ax = axes[0][-1], axes[1][-1]
+    # A run shorter than its averaging window (a quick pass) has no equilibrium to show.
+    summary = summary[np.isfinite(summary.ratio)]
+    if summary.empty:
+        for ax in (ratio_ax, time_ax):
+            ax.text(0.5, 0.5, "no run reached\nits averaging window", ha="center", va="center",
+                    transform=ax.transAxes)
+        fig.tight_layout()
+        return fig
     for optim in optimisers:
         rows = summary[summary.optim == optim]
         ratio_ax.scatter(rows.lr_x_wd, rows.ratio, marker=MARKERS[optim], label=optim)
-        time_ax.scatter(rows.time_constant, rows.time_to_equilibrium, marker=MARKERS[optim], label=optim)
+        settled = rows[np.isfinite(rows.time_to_equilibrium)]
+        time_ax.scatter(settled.time_constant, settled.time_to_equilibrium, marker=MARKERS[optim], label=optim)
     ratio_ax.axhline(1.0, color="k", lw=0.8)
-    ratio_ax.axhspan(0.9, 1.1, color="0.9")
+    ratio_ax.axhspan(0.9, 1.1, color="0.9", zorder=0)
     ratio_ax.set_xscale("log")
     ratio_ax.set_xlabel("lr × weight decay")
     ratio_ax.set_ylabel("measured / predicted Δ at equilibrium")

@@ -104,6 +104,15 @@ def test_bad_input_does_not_touch_a_finished_run(stabexp_cli):
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
+def test_overwrite_reruns_the_same_folder(stabexp_cli):
+    assert stabexp_cli("run", *TINY).returncode == 0
+    run = next((stabexp_cli.outputs / "runs").iterdir())
+    first = json.loads((run / "summary.json").read_text())["wall_seconds"]
+    assert stabexp_cli("run", *TINY, "overwrite=true").returncode == 0
+    assert list((stabexp_cli.outputs / "runs").iterdir()) == [run]
+    assert json.loads((run / "summary.json").read_text())["wall_seconds"] != first
+
+
 def test_cfg_job_prints_the_config_and_runs_nothing(stabexp_cli):
     r = stabexp_cli("run", "group=admin", "depth=7", "--cfg", "job")
     assert r.returncode == 0, r.stderr
@@ -117,5 +126,5 @@ def test_help_and_list(stabexp_cli):
     r = stabexp_cli("list")
     assert r.returncode == 0
     for group in ("postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin"):
-        assert any(line.startswith(group + " ") for line in r.stdout.splitlines()), group
+        assert any(line.startswith(f"  {group} ") for line in r.stdout.splitlines()), group
     assert "arXiv 2203.00555" in r.stdout and "arXiv 2004.08249" in r.stdout

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -41,8 +42,7 @@ def quick_outputs(tmp_path_factory):
     plots = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_plots.py")], env=env,
                            capture_output=True, text=True)
     assert plots.returncode == 0, plots.stderr
-    outputs.plots_stdout = plots.stdout
-    return outputs
+    return SimpleNamespace(outputs=outputs, plots_stdout=plots.stdout)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -82,9 +82,9 @@ def test_a_bad_value_against_a_preset_is_one_line_and_runs_nothing(stabexp_cli):
 
 
 def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
-    runs = pd.read_csv(quick_outputs / "collected" / "runs.csv")
-    metrics = pd.read_csv(quick_outputs / "collected" / "metrics.csv")
-    layers = pd.read_csv(quick_outputs / "collected" / "layers.csv")
+    runs = pd.read_csv(quick_outputs.outputs / "collected" / "runs.csv")
+    metrics = pd.read_csv(quick_outputs.outputs / "collected" / "metrics.csv")
+    layers = pd.read_csv(quick_outputs.outputs / "collected" / "layers.csv")
     assert set(RUN_COLUMNS) <= set(runs.columns) and set(RUN_COLUMNS) <= set(metrics.columns)
     assert runs.run.is_unique and set(runs.experiment) == set(PRESETS)
     assert set(runs.scale) == {"quick"} and set(runs.status) <= {"completed", "diverged"}
@@ -104,14 +104,14 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
 
 
 def test_every_figure_is_built_and_byte_reproducible(quick_outputs):
-    figures = quick_outputs / "figures"
+    figures = quick_outputs.outputs / "figures"
     first = {}
     for name in FIGURES:
         assert f"wrote {figures / name}.png" in quick_outputs.plots_stdout
         for ext in ("png", "pdf"):
             first[f"{name}.{ext}"] = (figures / f"{name}.{ext}").read_bytes()
             assert len(first[f"{name}.{ext}"]) > 1000
-    env = dict(os.environ, STABEXP_OUTPUTS=str(quick_outputs))
+    env = dict(os.environ, STABEXP_OUTPUTS=str(quick_outputs.outputs))
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_plots.py")], env=env, check=True,
                    capture_output=True)
     for key, data in first.items():
@@ -119,22 +119,23 @@ def test_every_figure_is_built_and_byte_reproducible(quick_outputs):
 
 
 def test_report_prints_the_fits(quick_outputs):
-    sweep = quick_outputs / "multirun" / "experiment=admin_output_change__scale=quick"
-    result = _cli(quick_outputs, "report", str(sweep))
+    sweep = quick_outputs.outputs / "multirun" / "experiment=admin_output_change__scale=quick"
+    result = _cli(quick_outputs.outputs, "report", str(sweep))
     assert result.returncode == 0, result.stderr
     assert "| group | points | sublayers | change_at_min | change_at_max | linear_r2 | log_r2 |" in result.stdout
     for group in ("postln", "preln", "admin"):
         assert f"| {group} | 9 | 10-20 |" in result.stdout
-    table = _cli(quick_outputs, "report", str(quick_outputs / "multirun" / "experiment=depth_table__scale=quick"))
+    sweep = next((quick_outputs.outputs / "multirun").glob("experiment=depth_table__*"))  # + SHORT
+    table = _cli(quick_outputs.outputs, "report", str(sweep))
     assert "| group | 2L-2L | 3L-3L | 4L-4L |" in table.stdout
 
 
 def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs):
     # Only the deepnet_early runs: its three figures are drawn, the others name their preset.
-    runs = pd.read_csv(quick_outputs / "collected" / "runs.csv")
+    runs = pd.read_csv(quick_outputs.outputs / "collected" / "runs.csv")
     (tmp_path / "collected").mkdir()
     for name in ("runs", "metrics", "layers"):
-        table = pd.read_csv(quick_outputs / "collected" / f"{name}.csv")
+        table = pd.read_csv(quick_outputs.outputs / "collected" / f"{name}.csv")
         table[table.run.isin(runs[runs.experiment == "deepnet_early"].run)].to_csv(
             tmp_path / "collected" / f"{name}.csv", index=False)
     for name in FIGURES:

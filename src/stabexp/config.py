@@ -42,7 +42,8 @@ def outputs_dir() -> Path:
 def run_name(overrides) -> str:
     """A folder name made from a job's overrides, so that re-running the same command (or the
     same sweep) finds the same folder. Hydra gives the overrides as `key=value` strings."""
-    parts = sorted(str(o) for o in overrides if not str(o).startswith("hydra"))
+    # `overwrite` says what to do with the folder, so it must not change which folder it is.
+    parts = sorted(str(o) for o in overrides if not str(o).startswith(("hydra", "overwrite=", "+overwrite=")))
     name = "__".join(parts).replace("/", "-").replace(" ", "") or "default"
     if len(name) > 150:  # keep under file-system limits, stay deterministic
         import hashlib

@@ -13,8 +13,14 @@ from typing import List, Optional
 
 import pandas as pd
 
-from stabexp.analysis import (last_w2_grad, output_change_fits, output_change_table, preln_stream_growth,
-                              smd_equilibrium, w2_grad_slopes)
+from stabexp.analysis import (
+    last_w2_grad,
+    output_change_fits,
+    output_change_table,
+    preln_stream_growth,
+    smd_equilibrium,
+    w2_grad_slopes,
+)
 from stabexp.config import outputs_dir
 from stabexp.plotting.collect import collect
 from stabexp.plotting.figures import GROUP_ORDER

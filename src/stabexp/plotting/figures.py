@@ -65,7 +65,8 @@ def read_collected(collected: Path) -> dict:
     out = {}
     for name in TABLES:
         path = Path(collected) / f"{name}.csv"
-        out[name] = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+        out[name] = (pd.read_csv(path, low_memory=False) if path.exists() and path.stat().st_size > 1
+                     else pd.DataFrame())
     return out
 
 
