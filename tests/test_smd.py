@@ -85,6 +85,7 @@ def test_a_normmlp_run_logs_every_weight_with_its_marker_and_the_theory(make_cfg
     assert summary["status"] == "completed" and summary["group"] == "normmlp"
     assert summary["theory"]["angular_update"] == pytest.approx(math.sqrt(2 * 0.1 * 0.01))
     assert summary["theory"]["time_constant"] == pytest.approx(250)
+    assert summary["theory"]["equilibrium_norm"] is None  # SGD's needs the gradient norm
     layers = pd.read_csv(tmp_path / "run" / "layers.csv")
     weights = layers.dropna(subset=["param"])
     assert set(weights.step) == {0, 1, 2, 3, 4, 6}  # first_steps 2, every 2, eval_every 3
@@ -134,3 +135,13 @@ def test_no_weight_of_the_transformer_is_scale_invariant(make_cfg):
     initialise(model, cfg.group.init, lambda: task.init_batch(4))
     src, tgt_in, _ = task.probe_batch(4)
     assert not any(scale_invariance(model, lambda: model(src, tgt_in)))  # biases and residual sums
+
+
+def test_adamw_summary_has_the_equilibrium_norm_of_each_weight(make_cfg, tmp_path):
+    from stabexp.train.trainer import train
+
+    cfg = make_cfg(*SMD, "optim=adamw", "task.in_dim=8")
+    summary = train(cfg, tmp_path / "run")
+    norms = summary["theory"]["equilibrium_norm"]
+    assert norms["mlp.1.hidden.weight"] == pytest.approx(math.sqrt(0.1 * 8 * 16 / (2 * 0.01)))
+    assert set(norms) == {"mlp.1.hidden.weight", "mlp.2.hidden.weight", "mlp.3.head.weight"}

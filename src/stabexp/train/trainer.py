@@ -188,6 +188,13 @@ class Run:
         self.weights = WeightProbe(model) if cfg.probe.enabled and cfg.probe.weights else None
         if self.weights is not None:
             self.scale_invariant = scale_invariance(model, lambda: model(self.probe_src, self.probe_tgt_in))
+            if "theory" in summary:
+                # Defined by the hyper-parameters alone only for AdamW (SGD's needs the gradients).
+                norms = {".".join(map(str, key)): theory.equilibrium_norm(o.name, t.lr, o.weight_decay, o.momentum,
+                                                                          elements=w.numel())
+                         for key, w in zip(self.weights.keys, self.weights.weights)}
+                summary["theory"]["equilibrium_norm"] = norms if any(norms.values()) else None
+                _write_json(out_dir / "summary.json", summary)
         # Exploding = above explode_factor times the larger of the chance loss and the first
         # loss (the first loss can sit far above chance: tied embeddings, strong identity path).
         self.explode_at = float("inf")
