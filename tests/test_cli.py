@@ -120,6 +120,12 @@ def test_cfg_job_prints_the_config_and_runs_nothing(stabexp_cli):
     assert not (stabexp_cli.outputs / "runs").exists() or not any((stabexp_cli.outputs / "runs").rglob("metrics.csv"))
 
 
+def test_cfg_job_after_the_overrides_of_a_preset(stabexp_cli):
+    r = stabexp_cli("run", "experiment=smd", "--cfg", "job")
+    assert r.returncode == 0, r.stderr
+    assert "experiment: smd" in r.stdout and not (stabexp_cli.outputs / "multirun").exists()
+
+
 def test_help_and_list(stabexp_cli):
     r = stabexp_cli("run", "--help")
     assert r.returncode == 0 and "group" in r.stdout

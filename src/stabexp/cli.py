@@ -57,6 +57,20 @@ def _split_args(args: List[str]):
     return ours, hydra_overrides, multirun, wants_help
 
 
+def _flags_first(args: List[str]) -> List[str]:
+    """The same arguments with the flags (and their values) before the overrides."""
+    flags, overrides, i = [], [], 0
+    while i < len(args):
+        if args[i].startswith("-"):
+            takes_value = args[i] in _FLAGS_WITH_VALUE and i + 1 < len(args)
+            flags += args[i:i + 2] if takes_value else args[i:i + 1]
+            i += 2 if takes_value else 1
+        else:
+            overrides.append(args[i])
+            i += 1
+    return flags + overrides
+
+
 def _choices(group: str) -> List[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
@@ -174,7 +188,9 @@ def cmd_run(args: List[str]) -> int:
         # One sweep folder named from the whole sweep, so re-running it finds its jobs again.
         sweep_dir = outputs_dir() / "multirun" / run_name(ours)
         extra.append(f"hydra.sweep.dir='{sweep_dir}'")
-    sys.argv = ["stabexp", *args, *extra]
+    # Flags first, then every override in one run: Hydra's argparse takes the overrides as one
+    # positional list, so an override after a flag (`... --cfg job hydra.sweep.dir=...`) is refused.
+    sys.argv = ["stabexp", *_flags_first(args), *extra]
     _hydra_main()()
     return 0
 
