@@ -23,7 +23,7 @@ from stabexp.analysis import (
 )
 from stabexp.config import outputs_dir
 from stabexp.plotting.collect import collect
-from stabexp.plotting.figures import GROUP_ORDER
+from stabexp.plotting.figures import ordered_groups
 
 
 def _cell(runs: pd.DataFrame) -> str:
@@ -104,7 +104,7 @@ def sweep_table(sweep_dir: Path) -> str:
     at_init = bool((runs.steps_done.fillna(0) == 0).all()) and "output_change" in tables["metrics"]
     change = output_change_table(tables["metrics"], tables["layers"]) if at_init else None
     depths = sorted(runs.depth.unique())
-    groups = sorted(runs.group.unique(), key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER else 99, g))
+    groups = ordered_groups(runs.group)
     lines = ["| group | " + " | ".join(f"{d}L-{d}L" for d in depths) + " |",
              "|---|" + "---|" * len(depths)]
     for g in groups:

@@ -3,8 +3,6 @@
 from stabexp.data.reverse import ReverseTask
 from stabexp.data.teacher import TeacherTask
 
-TASKS = {"reverse": ReverseTask, "teacher": TeacherTask}
-
 
 def make_task(task_cfg, seed: int, device):
     """The task a run's `task` config describes."""
@@ -13,4 +11,4 @@ def make_task(task_cfg, seed: int, device):
     return ReverseTask(task_cfg.vocab_size, task_cfg.seq_len, seed, device)
 
 
-__all__ = ["ReverseTask", "TeacherTask", "TASKS", "make_task"]
+__all__ = ["ReverseTask", "TeacherTask", "make_task"]

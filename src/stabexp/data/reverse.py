@@ -8,23 +8,18 @@ position, which makes it a small but real seq2seq problem.
 from __future__ import annotations
 
 import math
-from typing import Tuple
 
 import torch
 
+from stabexp.data.streams import Batch, SeededStreams
+
 BOS = 0
-Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-class ReverseTask:
+class ReverseTask(SeededStreams):
     def __init__(self, vocab_size: int, seq_len: int, seed: int, device: torch.device):
+        super().__init__(seed)
         self.vocab_size, self.seq_len, self.device = vocab_size, seq_len, device
-        # Separate streams so that the training data, the init-time batch (Admin profiling),
-        # the eval batch and the probe batch never depend on each other.
-        self._train = torch.Generator().manual_seed(seed * 4 + 0)
-        self._init = torch.Generator().manual_seed(seed * 4 + 1)
-        self._eval = torch.Generator().manual_seed(seed * 4 + 2)
-        self._probe = torch.Generator().manual_seed(seed * 4 + 3)
 
     @property
     def chance_loss(self) -> float:
@@ -35,15 +30,3 @@ class ReverseTask:
         tgt_out = src.flip(1)
         tgt_in = torch.cat([torch.full((n, 1), BOS, dtype=src.dtype), tgt_out[:, :-1]], dim=1)
         return tuple(t.to(self.device) for t in (src, tgt_in, tgt_out))
-
-    def train_batch(self, n: int) -> Batch:
-        return self._make(n, self._train)
-
-    def init_batch(self, n: int) -> Batch:
-        return self._make(n, self._init)
-
-    def eval_batch(self, n: int) -> Batch:
-        return self._make(n, self._eval)
-
-    def probe_batch(self, n: int) -> Batch:
-        return self._make(n, self._probe)

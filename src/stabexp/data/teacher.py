@@ -9,23 +9,19 @@ Batches have the (inputs, unused, targets) shape of the seq2seq tasks, with one 
 from __future__ import annotations
 
 import math
-from typing import Tuple
 
 import torch
 
-Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+from stabexp.data.streams import Batch, SeededStreams
 
 
-class TeacherTask:
+class TeacherTask(SeededStreams):
     def __init__(self, in_dim: int, classes: int, seed: int, device: torch.device, label_noise: float = 0.1):
+        super().__init__(seed)
         self.in_dim, self.classes, self.device, self.label_noise = in_dim, classes, device, label_noise
         teacher = torch.Generator().manual_seed(10_000 + seed)
         self.w1 = torch.randn(in_dim, 4 * in_dim, generator=teacher) / math.sqrt(in_dim)
         self.w2 = torch.randn(4 * in_dim, classes, generator=teacher) / math.sqrt(4 * in_dim)
-        self._train = torch.Generator().manual_seed(seed * 4 + 0)
-        self._init = torch.Generator().manual_seed(seed * 4 + 1)
-        self._eval = torch.Generator().manual_seed(seed * 4 + 2)
-        self._probe = torch.Generator().manual_seed(seed * 4 + 3)
 
     @property
     def chance_loss(self) -> float:
@@ -38,15 +34,3 @@ class TeacherTask:
         y = torch.where(flip, torch.randint(0, self.classes, (n, 1), generator=gen), y)
         x, y = x.to(self.device), y.to(self.device)
         return x, x, y  # the second slot is unused by NormMLP
-
-    def train_batch(self, n: int) -> Batch:
-        return self._make(n, self._train)
-
-    def init_batch(self, n: int) -> Batch:
-        return self._make(n, self._init)
-
-    def eval_batch(self, n: int) -> Batch:
-        return self._make(n, self._eval)
-
-    def probe_batch(self, n: int) -> Batch:
-        return self._make(n, self._probe)

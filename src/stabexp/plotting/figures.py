@@ -99,8 +99,8 @@ def ordered_groups(groups) -> list:
 
 def run_order(runs: pd.DataFrame):
     first = runs.drop_duplicates("run")
-    key = first.group.map(lambda g: GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER))
-    return list(first.assign(k=key).sort_values(["k", "run"]).run)
+    rank = {g: i for i, g in enumerate(ordered_groups(first.group))}
+    return list(first.assign(k=first.group.map(rank)).sort_values(["k", "run"]).run)
 
 
 def figure_main(name: str, experiment: str, draw: Callable[[dict], Optional[object]],
