@@ -159,9 +159,8 @@ def smd_equilibrium(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
 
 def preln_stream_growth(layers: pd.DataFrame) -> pd.DataFrame:
     """Xiong et al. 2020 (REFERENCE.md Sec. 3): in Pre-LN at init E||x_l||^2 grows linearly in l.
-    Per stack
-    of the deepest Pre-LN models: the linear fit of the mean squared LN input norm (the residual
-    stream entering each sublayer) on the sublayer position, with R^2."""
+    Per stack of the deepest Pre-LN models: the linear fit of the mean squared LN input norm (the
+    residual stream entering each sublayer) on the sublayer position, with R^2."""
     rows = layers[(layers.step == 0) & (layers.group == "preln")].dropna(subset=["ln_input_norm"])
     if "param" in rows:
         rows = rows[rows.param.isna()]
