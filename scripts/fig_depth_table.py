@@ -1,7 +1,8 @@
-"""The analogue of DeepNet's Table 1 (Wang et al. 2022) as a figure: final eval loss of every
-group at every depth after the same step budget, coloured against the chance loss, "diverged @
-k" where the loss exploded. `stabexp report` prints the same table as markdown. Preset:
-depth_table."""
+"""The analogue of DeepNet's Table 1 (Wang et al. 2022) as a figure: every group at every depth
+after the same update budget, "diverged @ k" where the loss exploded. On the synthetic task
+(preset depth_table) a cell is the final eval loss, coloured against the chance loss; on
+Multi30k (preset multi30k_table) it is the test BLEU, with the final validation loss below it.
+`stabexp report` prints the same tables as markdown."""
 
 import sys
 
@@ -10,11 +11,12 @@ import numpy as np
 
 from stabexp.plotting.figures import FIGSIZE_PER_PANEL, figure_main, ordered_groups
 
-EXPERIMENT = "depth_table"
+FIGURES = {"depth_table": "depth_table", "multi30k_table": "depth_table_multi30k"}  # preset: figure
 
 
 def draw(tables):
     runs = tables["runs"]
+    translation = "test_bleu" in runs and runs.test_bleu.notna().any()
     depths = sorted(int(d) for d in runs.depth.unique())
     groups = ordered_groups(runs.group)
     chance = float(runs.chance_loss.dropna().iloc[0]) if runs.chance_loss.notna().any() else np.nan
@@ -25,29 +27,43 @@ def draw(tables):
             cell = runs[(runs.group == group) & (runs.depth == depth)]
             done = cell[cell.status == "completed"]
             diverged = cell[cell.status == "diverged"]
-            if not done.empty:
+            if not done.empty and translation:
+                values[i, j] = done.test_bleu.mean()
+                text = f"BLEU {values[i, j]:.1f}\nloss {done.final_eval_loss.mean():.2f}"
+            elif not done.empty:
                 values[i, j] = done.final_eval_loss.mean()
                 text = f"{values[i, j]:.3f}\nacc {done.final_eval_acc.mean():.2f}"
             elif not diverged.empty:
                 text = f"diverged\n@ {int(diverged.diverged_at_step.min())}"
             else:
                 text = "-"
-            dark = np.isfinite(values[i, j]) and np.isfinite(chance) and values[i, j] > 0.6 * chance
+            if translation:
+                dark = np.isfinite(values[i, j]) and values[i, j] < 0.4 * np.nanmax(values)
+            else:
+                dark = np.isfinite(values[i, j]) and np.isfinite(chance) and values[i, j] > 0.6 * chance
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
-    image = ax.imshow(values, cmap="viridis_r", vmin=0, vmax=chance if np.isfinite(chance) else None,
-                      aspect="auto")
-    fig.colorbar(image, ax=ax, label=f"final eval loss (chance {chance:.2f})")
+    if translation:
+        image = ax.imshow(values, cmap="viridis", vmin=0, aspect="auto")
+        label = "test BLEU (sacreBLEU)"
+    else:
+        image = ax.imshow(values, cmap="viridis_r", vmin=0, vmax=chance if np.isfinite(chance) else None,
+                          aspect="auto")
+        label = f"final eval loss (chance {chance:.2f})"
+    fig.colorbar(image, ax=ax, label=label)
     ax.set_xticks(range(len(depths)), [f"{d}L-{d}L" for d in depths])
     ax.set_yticks(range(len(groups)), groups)
     steps = int(runs.steps_done.max()) if runs.steps_done.notna().any() else 0
-    ax.set_title(f"after {steps} steps (grey: diverged)")
+    task = f"{runs.task.dropna().iloc[0]}, " if translation and runs.task.notna().any() else ""
+    ax.set_title(f"{task}after {steps} updates (grey: diverged)")
     ax.set_facecolor("0.85")
     fig.tight_layout()
     return fig
 
 
 def main(argv=None) -> int:
-    return figure_main("depth_table", EXPERIMENT, draw, argv)
+    for experiment, name in FIGURES.items():
+        figure_main(name, experiment, draw, argv)
+    return 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,22 @@ TINY = ["model.d_model=16", "model.ffn_dim=32", "model.n_heads=2", "depth=2",
         "train.eval_every=3", "train.warmup_steps=3"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_data_cache(tmp_path_factory):
+    """Every test (and every process it starts) reads and writes data under a temporary
+    STABEXP_DATA, never the user's cache."""
+    os.environ["STABEXP_DATA"] = str(tmp_path_factory.mktemp("data_cache"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory):
+    """The small parallel corpus of tests/corpus.py, written once per session."""
+    from corpus import write_corpus
+
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "toy")
+
+
 @pytest.fixture
 def make_cfg():
     """Compose the real config (conf/) with overrides, as Hydra would for `stabexp run`."""

@@ -2,6 +2,9 @@
 
 import json
 
+import pytest
+
+from corpus import translation_overrides
 from stabexp.bench import _peak_memory_child, format_table, main, variant_names
 
 
@@ -13,18 +16,31 @@ def test_bench_reports_every_variant(tmp_path, capsys):
     assert [r["variant"] for r in report["rows"]] == variant_names()
     assert variant_names()[:2] == ["a", "b:postln"]
     assert all(r["steps_per_s"] > 0 and r["speed_vs_a"] > 0 for r in report["rows"])
+    assert all(r["tokens_per_s"] / r["steps_per_s"] == pytest.approx(4 * 10) for r in report["rows"])
     assert "| tiny | 1 | c:admin |" in capsys.readouterr().out
     assert "c:deepnorm" in format_table(report)
 
 
+def test_bench_on_real_text_batches(tmp_path, corpus_dir, capsys):
+    """--task multi30k, pointed at the toy corpus: every variant, the baseline included, draws
+    the same padded batches, so their target tokens per step agree."""
+    out = tmp_path / "bench.json"
+    overrides = [x for o in translation_overrides(corpus_dir) if not o.startswith(("task=", "train.max_tokens"))
+                 for x in ("--override", o)]
+    assert main(["--task", "multi30k", "--max-tokens", "200", "--sizes", "tiny", "--depths", "1", "--repeats", "1",
+                 "--steps", "2", "--no-memory", "--out", str(out), *overrides]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    per_step = {r["variant"]: r["tokens_per_s"] / r["steps_per_s"] for r in rows if not r["variant"].startswith("c:")}
+    assert len(set(round(v, 6) for v in per_step.values())) == 1, per_step
+    assert "Multi30k De-En batches of at most 200" in capsys.readouterr().out
+
+
 def test_peak_memory_of_a_variant_is_measured():
-    assert _peak_memory_child("c:admin", "tiny", 1, 4, "cpu", 2) >= 0
+    assert _peak_memory_child("c:admin", "tiny", 1, ["task=reverse", "train.batch_size=4"], "cpu", 2) >= 0
 
 
 def test_bad_bench_arguments_exit_2(capsys):
-    import pytest
-
-    for args in (["--sizes", "huge"], ["--depths", "0"], ["--depths", "x"]):
+    for args in (["--sizes", "huge"], ["--depths", "0"], ["--depths", "x"], ["--task", "wmt"]):
         with pytest.raises(SystemExit) as err:
             main(args)
         assert err.value.code == 2

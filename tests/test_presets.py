@@ -21,7 +21,7 @@ PRESETS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
 FIGURES = sorted(p.stem[len("fig_"):] for p in (ROOT / "scripts").glob("fig_*.py"))
 # Fewer steps than scale=quick itself, to keep the suite fast; the at-init presets train 0 steps.
 SHORT = ["train.steps=12", "probe.first_steps=4", "probe.every=4", "train.eval_every=6"]
-TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd"}
+TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd", "multi30k_table"}
 
 
 def _cli(outputs: Path, *args):
@@ -31,11 +31,16 @@ def _cli(outputs: Path, *args):
 
 
 @pytest.fixture(scope="module")
-def quick_outputs(tmp_path_factory):
-    """Every preset at scale=quick (the training ones cut to 12 steps), then `make plots`."""
+def quick_outputs(tmp_path_factory, corpus_dir):
+    """Every preset at scale=quick (the training ones cut to 12 steps), then `make plots`.
+    Multi30k is replaced by the toy corpus in its layout (tests reach no network)."""
+    from corpus import translation_overrides
+
     outputs = tmp_path_factory.mktemp("reproduce") / "outputs"
     for preset in PRESETS:
         extra = SHORT if preset in TRAINS else []
+        if preset == "multi30k_table":
+            extra += [o for o in translation_overrides(corpus_dir) if not o.startswith("task=")]
         result = _cli(outputs, "run", f"experiment={preset}", "scale=quick", *extra)
         assert result.returncode == 0, result.stderr[-2000:]
     env = dict(os.environ, STABEXP_OUTPUTS=str(outputs))
@@ -94,6 +99,9 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     counts = runs.groupby("experiment").size()
     assert counts["deepnet_early"] == 6 and counts["deepnet_depth"] == 6 * 3
     assert counts["admin_output_change"] == 3 * 3 * 3 and counts["smd"] == 3
+    assert counts["multi30k_table"] == 6 * 3
+    translated = runs[runs.experiment == "multi30k_table"]
+    assert translated.test_bleu.between(0, 100).all() and (translated.task == "translation").all()
     trained = runs[runs.experiment.isin(TRAINS) & (runs.status == "completed")]
     assert (trained.steps_done == 12).all()
     at_init = metrics[metrics.experiment == "admin_output_change"]
@@ -128,6 +136,11 @@ def test_report_prints_the_fits(quick_outputs):
     sweep = next((quick_outputs.outputs / "multirun").glob("experiment=depth_table__*"))  # + SHORT
     table = _cli(quick_outputs.outputs, "report", str(sweep))
     assert "| group | 2L-2L | 3L-3L | 4L-4L |" in table.stdout
+    sweep = next((quick_outputs.outputs / "multirun").glob("experiment=multi30k_table__*"))
+    table = _cli(quick_outputs.outputs, "report", str(sweep)).stdout
+    bleu = pd.read_csv(quick_outputs.outputs / "collected" / "runs.csv").query(
+        "experiment == 'multi30k_table' and group == 'preln' and depth == 2").test_bleu.iloc[0]
+    assert f"| preln | BLEU {bleu:.2f} (loss " in table and "Cells: test BLEU (sacreBLEU nrefs:1|" in table
 
 
 def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs):

@@ -130,7 +130,7 @@ def test_no_weight_of_the_transformer_is_scale_invariant(make_cfg):
     from stabexp.model import build_model, initialise
 
     cfg = make_cfg("group=preln")
-    task = make_task(cfg.task, 0, torch.device("cpu"))
+    task = make_task(cfg, torch.device("cpu"))
     model = build_model(cfg, cfg.task.vocab_size)
     initialise(model, cfg.group.init, lambda: task.init_batch(4))
     src, tgt_in, _ = task.probe_batch(4)

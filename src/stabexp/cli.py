@@ -89,13 +89,17 @@ def _explain(override, line: str, err: Exception) -> str:
     return f"{line}: {first}"
 
 
-def check_overrides(overrides: List[str], multirun: bool) -> bool:
+def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = True) -> bool:
     """Compose and validate the config for each value every override takes, the sweep a preset
-    declares (hydra.sweeper.params) included; raise ConfigError. Return True when the run is a
-    multirun (-m, or a preset that sets hydra.mode=MULTIRUN)."""
+    declares (hydra.sweeper.params) included, and (prepare_data) fetch and check the data each
+    distinct task needs; raise ConfigError. Return True when the run is a multirun (-m, or a
+    preset that sets hydra.mode=MULTIRUN)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from stabexp.data import prepare
 
     parser = OverridesParser.create()
 
@@ -140,8 +144,14 @@ def check_overrides(overrides: List[str], multirun: bool) -> bool:
             for i, c in enumerate(candidates):
                 for v in c[1:]:
                     to_check.append([*to_check[0][:i], v, *to_check[0][i + 1:]])
+            prepared = set()
             for combo in to_check:
-                validate(compose_one(parsed, combo))
+                cfg = compose_one(parsed, combo)
+                validate(cfg)
+                data_key = OmegaConf.to_yaml(cfg.task)
+                if prepare_data and data_key not in prepared:
+                    prepare(cfg)  # the corpus and its subwords, once, before any job starts
+                    prepared.add(data_key)
     finally:
         GlobalHydra.instance().clear()
     return multirun
@@ -167,10 +177,11 @@ def _hydra_main():
         except ConfigError as err:
             print(f"stabexp: error: {err}", file=sys.stderr)
             sys.exit(2)
-        eval_loss = summary.get("final_eval_loss")
-        log.info("%s: %s after %s steps, eval loss %s, results in %s", summary["group"],
+        eval_loss, bleu = summary.get("final_eval_loss"), summary.get("test_bleu")
+        log.info("%s: %s after %s steps, eval loss %s%s, results in %s", summary["group"],
                  summary["status"], summary.get("steps_done"),
-                 f"{eval_loss:.4f}" if eval_loss is not None else "n/a", out_dir)
+                 f"{eval_loss:.4f}" if eval_loss is not None else "n/a",
+                 f", test BLEU {bleu:.2f}" if bleu is not None else "", out_dir)
 
     return run
 
@@ -179,7 +190,8 @@ def cmd_run(args: List[str]) -> int:
     ours, hydra_overrides, multirun, wants_help = _split_args(args)
     if not wants_help:
         try:
-            multirun = check_overrides(ours, multirun)
+            # Printing the config (--cfg) needs no data.
+            multirun = check_overrides(ours, multirun, prepare_data=not ({"--cfg", "-c"} & set(args)))
         except ConfigError as err:
             print(f"stabexp: error: {err}", file=sys.stderr)
             return 2

@@ -69,7 +69,8 @@ if not OmegaConf.has_resolver("stabexp_outputs"):
 RESIDUAL_STYLES = ("postln", "preln", "deepnorm", "admin")
 SCHEDULES = ("constant", "warmup_inverse_sqrt")
 ARCHS = ("transformer", "normmlp")
-TASK_OF_ARCH = {"transformer": "reverse", "normmlp": "teacher"}
+TASKS_OF_ARCH = {"transformer": ("reverse", "translation"), "normmlp": ("teacher",)}
+SUBWORDS = ("bpe", "unigram")
 
 
 @dataclass
@@ -98,16 +99,35 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    """The synthetic task (conf/task/*.yaml): generated in-process from the seed."""
+    """The task (conf/task/*.yaml): synthetic (reverse, teacher), generated in-process from the
+    seed, or translation of parallel text (data/translation.py)."""
 
     name: str = MISSING
-    vocab_size: int = 16       # symbols incl. BOS; chance loss is ln(vocab_size - 1)
-    seq_len: int = 10          # source and target length
-    eval_batch_size: int = 256  # fixed held-out batch for eval loss / accuracy
-    probe_batch_size: int = 32  # fixed batch x of the model update F(x, theta_i)
+    kind: str = MISSING        # reverse | teacher | translation: the task class (data/__init__.py)
+    vocab_size: int = 16       # reverse: symbols incl. BOS (chance ln(vocab_size - 1));
+                               # translation: size of the joint subword vocabulary to learn
+    seq_len: int = 10          # reverse: source and target length
+    eval_batch_size: int = 256  # reverse: the fixed held-out batch; translation: sentences per
+                               # batch when scoring and translating the validation / test split
+    probe_batch_size: int = 32  # fixed batch x of the model update F(x, theta_i) (translation:
+                               # the first validation pairs)
     classes: int = 10          # teacher: classes (chance loss ln(classes))
     in_dim: int = 32           # teacher: input features
     label_noise: float = 0.1   # teacher: fraction of labels drawn at random
+    # translation: files {path}/{split}.{lang}[.gz], one sentence per line
+    path: Optional[str] = None  # the corpus folder; null: the cached download of `download`
+    download: str = ""         # a corpus fetched into $STABEXP_DATA on first use (multi30k)
+    url: str = ""              # where `download` comes from; empty: its public home
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    train_split: str = "train"
+    valid_split: str = "valid"
+    test_split: str = "test"
+    max_len: int = 128         # subwords per side: longer training pairs are dropped, longer
+                               # validation / test sides cut
+    subword: str = "bpe"       # bpe | unigram (sentencepiece), learned jointly on the train split
+    bleu_sentences: int = 0    # validation pairs (the first n) translated for valid_bleu; 0: all
+    beam: int = 1              # 1: greedy decoding; > 1: beam search of that width
 
 
 @dataclass
@@ -130,7 +150,11 @@ class TrainConfig:
     lr: float = 1e-3
     warmup_steps: int = 100     # linear warm-up length, for schedules that warm up
     schedule: str = "group"     # the group's lr schedule, or one of SCHEDULES to override it
-    batch_size: int = 64
+    batch_size: int = 64        # sentences per batch; translation: at most so many (0: no limit,
+                                # with max_tokens), fairseq's --batch-size
+    max_tokens: int = 0         # translation: padded tokens per batch at most, fairseq's
+                                # --max-tokens; batches are length-bucketed either way
+    label_smoothing: float = 0.0  # of the training loss (0.1 in the translation studies)
     clip_norm: float = 0.0      # total grad-norm clipping; 0 = off (as in the studies)
     eval_every: int = 100       # eval loss / accuracy on the held-out batch every so many steps
     explode_factor: float = 4.0  # loss > this x max(chance loss, first loss) counts as diverged
@@ -225,8 +249,8 @@ def validate(cfg: DictConfig) -> None:
               "must be an integer >= 1 (or null for decoder_depth = depth)")
     m = cfg.model
     _need(m.arch in ARCHS, "model.arch", m.arch, f"one of {', '.join(ARCHS)}")
-    _need(cfg.task.name == TASK_OF_ARCH[m.arch], "task", cfg.task.name,
-          f"model.arch={m.arch} trains on task={TASK_OF_ARCH[m.arch]}")
+    _need(cfg.task.kind in TASKS_OF_ARCH[m.arch], "task", cfg.task.name,
+          f"model.arch={m.arch} trains on tasks of kind {', '.join(TASKS_OF_ARCH[m.arch])}")
     g = cfg.group
     _need(g.residual in RESIDUAL_STYLES, "group.residual", g.residual,
           f"one of {', '.join(RESIDUAL_STYLES)}")
@@ -244,6 +268,18 @@ def validate(cfg: DictConfig) -> None:
     for key in ("seq_len", "eval_batch_size", "probe_batch_size", "classes", "in_dim"):
         _need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
     _need(0.0 <= t.label_noise <= 1.0, "task.label_noise", t.label_noise, "must be in [0, 1]")
+    if t.kind == "translation":
+        from stabexp.data.download import CORPORA
+
+        _need(bool(t.path) or bool(t.download), "task.path", t.path,
+              "needs a folder holding {split}.{lang} files (or task.download)")
+        _need(not t.download or t.download in CORPORA, "task.download", t.download,
+              f"one of {', '.join(CORPORA)} (or empty, with task.path)")
+        _need(t.src_lang != t.tgt_lang, "task.tgt_lang", t.tgt_lang, "must differ from task.src_lang")
+        _need(t.subword in SUBWORDS, "task.subword", t.subword, f"one of {', '.join(SUBWORDS)}")
+        for key in ("max_len", "beam"):
+            _need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
+        _need(t.bleu_sentences >= 0, "task.bleu_sentences", t.bleu_sentences, "must be >= 0 (0: all)")
     o = cfg.optim
     _need(o.name in OPTIMISERS, "optim.name", o.name, f"one of {', '.join(OPTIMISERS)}")
     _need(0.0 <= o.momentum < 1.0, "optim.momentum", o.momentum, "must be in [0, 1)")
@@ -258,7 +294,13 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, "must be >= 0")
     _need(tr.schedule in ("group", *SCHEDULES), "train.schedule", tr.schedule,
           f"one of group, {', '.join(SCHEDULES)}")
-    _need(tr.batch_size >= 1, "train.batch_size", tr.batch_size, "must be an integer >= 1")
+    _need(tr.batch_size >= 1 or (tr.batch_size == 0 and tr.max_tokens > 0), "train.batch_size", tr.batch_size,
+          "must be an integer >= 1 (0, no limit, only with train.max_tokens)")
+    _need(tr.max_tokens == 0 or t.kind == "translation", "train.max_tokens", tr.max_tokens,
+          "a token budget needs variable-length batches: task of kind translation (or 0)")
+    _need(tr.max_tokens == 0 or tr.max_tokens > t.max_len, "train.max_tokens", tr.max_tokens,
+          f"must be 0 or above task.max_len={t.max_len}, so every kept pair fits a batch")
+    _need(0.0 <= tr.label_smoothing < 1.0, "train.label_smoothing", tr.label_smoothing, "must be in [0, 1)")
     _need(tr.clip_norm >= 0, "train.clip_norm", tr.clip_norm, "must be >= 0 (0 = off)")
     _need(tr.eval_every >= 1, "train.eval_every", tr.eval_every, "must be an integer >= 1")
     _need(tr.explode_factor > 1, "train.explode_factor", tr.explode_factor, "must be > 1")

@@ -1,5 +1,6 @@
 """`stabexp report [SWEEP_DIR]`: a markdown table of a sweep, one row per group, one column per
-depth; a cell is the final eval loss and token accuracy (mean over seeds), or "diverged @ step k".
+depth; a cell is the final eval loss and token accuracy (mean over seeds), on translation the
+test BLEU and the final validation loss, or "diverged @ step k".
 A sweep measured at init (train.steps=0, probe.at_init) shows the output change instead, and
 below the table the fits of stabexp.analysis: Admin's output change against the number of
 sublayers (linear and log, R^2 of each) and the log-log slope of the last W_2 gradient.
@@ -32,11 +33,18 @@ def _cell(runs: pd.DataFrame) -> str:
     done = runs[runs.status == "completed"]
     if not done.empty:
         n = f", n={len(done)}" if len(done) > 1 else ""
-        parts.append(f"{done.final_eval_loss.mean():.3f} ({done.final_eval_acc.mean():.3f}{n})")
+        if _translation(done):
+            parts.append(f"BLEU {done.test_bleu.mean():.2f} (loss {done.final_eval_loss.mean():.3f}{n})")
+        else:
+            parts.append(f"{done.final_eval_loss.mean():.3f} ({done.final_eval_acc.mean():.3f}{n})")
     parts += [f"diverged @ step {int(k)}" for k in diverged.diverged_at_step]
     other = runs[~runs.status.isin(["completed", "diverged"])]
     parts += [str(s) for s in other.status]
     return "; ".join(parts) or "-"
+
+
+def _translation(runs: pd.DataFrame) -> bool:
+    return "test_bleu" in runs and runs.test_bleu.notna().any()
 
 
 def _change_cell(table: pd.DataFrame) -> str:
@@ -116,6 +124,9 @@ def sweep_table(sweep_dir: Path) -> str:
     chance = runs.chance_loss.dropna()
     if at_init:
         note = "Cells: output change |F(x,W) - F(x,W+delta)|^2 at init, mean over seeds."
+    elif _translation(runs):
+        note = ("Cells: test BLEU (sacreBLEU " + runs.bleu_signature.dropna().iloc[0] + ") and final "
+                f"validation loss, after {int(runs.steps_done.max())} updates. Chance loss {chance.iloc[0]:.3f}.")
     else:
         note = f"Cells: final eval loss (token accuracy). Chance loss {chance.iloc[0]:.3f}." if len(chance) else ""
     text = f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")

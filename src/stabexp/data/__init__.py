@@ -1,14 +1,38 @@
-"""Synthetic tasks generated in-process from the seed (no downloads)."""
+"""Tasks: what the trainer asks for batches, losses and evaluation (data/task.py).
+
+- reverse: sequence reversal, generated in-process from the seed;
+- teacher: classification by a random teacher (the SMD study's normalised network);
+- translation: parallel text from a folder, or a corpus downloaded on first use (multi30k).
+"""
 
 from stabexp.data.reverse import ReverseTask
+from stabexp.data.task import Task
 from stabexp.data.teacher import TeacherTask
 
-
-def make_task(task_cfg, seed: int, device):
-    """The task a run's `task` config describes."""
-    if task_cfg.name == "teacher":
-        return TeacherTask(task_cfg.in_dim, task_cfg.classes, seed, device, task_cfg.label_noise)
-    return ReverseTask(task_cfg.vocab_size, task_cfg.seq_len, seed, device)
+KINDS = ("reverse", "teacher", "translation")
 
 
-__all__ = ["ReverseTask", "TeacherTask", "make_task"]
+def make_task(cfg, device) -> Task:
+    """The task a run's config describes (cfg.task, with the batch settings of cfg.train)."""
+    t, sizes = cfg.task, {"batch_size": cfg.train.batch_size, "eval_batch_size": cfg.task.eval_batch_size,
+                          "probe_batch_size": cfg.task.probe_batch_size,
+                          "label_smoothing": cfg.train.label_smoothing}
+    if t.kind == "translation":
+        from stabexp.data.translation import TranslationTask
+
+        return TranslationTask(cfg, device)
+    if t.kind == "teacher":
+        return TeacherTask(t.in_dim, t.classes, cfg.seed, device, t.label_noise, **sizes)
+    return ReverseTask(t.vocab_size, t.seq_len, cfg.seed, device, **sizes)
+
+
+def prepare(cfg) -> None:
+    """Everything a run of this config needs on disk before it starts (the corpus, the subword
+    vocabulary), so that bad data stops a sweep before any run folder exists."""
+    if cfg.task.kind == "translation":
+        from stabexp.data.translation import load_corpus
+
+        load_corpus(cfg.task)
+
+
+__all__ = ["ReverseTask", "TeacherTask", "Task", "KINDS", "make_task", "prepare"]

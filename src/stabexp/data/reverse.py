@@ -17,8 +17,8 @@ BOS = 0
 
 
 class ReverseTask(SeededStreams):
-    def __init__(self, vocab_size: int, seq_len: int, seed: int, device: torch.device):
-        super().__init__(seed)
+    def __init__(self, vocab_size: int, seq_len: int, seed: int, device: torch.device, **sizes):
+        super().__init__(seed, **sizes)
         self.vocab_size, self.seq_len, self.device = vocab_size, seq_len, device
 
     @property

@@ -16,9 +16,11 @@ from stabexp.data.streams import Batch, SeededStreams
 
 
 class TeacherTask(SeededStreams):
-    def __init__(self, in_dim: int, classes: int, seed: int, device: torch.device, label_noise: float = 0.1):
-        super().__init__(seed)
+    def __init__(self, in_dim: int, classes: int, seed: int, device: torch.device, label_noise: float = 0.1,
+                 **sizes):
+        super().__init__(seed, **sizes)
         self.in_dim, self.classes, self.device, self.label_noise = in_dim, classes, device, label_noise
+        self.vocab_size = classes
         teacher = torch.Generator().manual_seed(10_000 + seed)
         self.w1 = torch.randn(in_dim, 4 * in_dim, generator=teacher) / math.sqrt(in_dim)
         self.w2 = torch.randn(4 * in_dim, classes, generator=teacher) / math.sqrt(4 * in_dim)

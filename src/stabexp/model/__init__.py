@@ -3,15 +3,16 @@ normalised network of the SMD study (normmlp.py)."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from stabexp.model.init import INIT_RULES, deepnorm_encoder_decoder
 from stabexp.model.normmlp import NormMLP, NormMLPConfig
 from stabexp.model.transformer import Seq2SeqTransformer, TransformerConfig
 
 
-def build_model(cfg, vocab_size: int):
-    """The model a run's config describes, before its init rule runs."""
+def build_model(cfg, vocab_size: int, pad_id: Optional[int] = None, max_positions: int = 512):
+    """The model a run's config describes, before its init rule runs; the task gives the
+    vocabulary, its padding token and the longest sequence."""
     if cfg.model.arch == "normmlp":
         return NormMLP(NormMLPConfig(in_dim=cfg.task.in_dim, width=cfg.model.d_model, depth=cfg.depth,
                                      classes=cfg.task.classes))
@@ -24,7 +25,8 @@ def build_model(cfg, vocab_size: int):
         vocab_size=vocab_size, d_model=cfg.model.d_model, ffn_dim=cfg.model.ffn_dim,
         n_heads=cfg.model.n_heads, encoder_layers=n_enc, decoder_layers=n_dec,
         residual=cfg.group.residual, encoder_alpha=alphas["encoder"],
-        decoder_alpha=alphas["decoder"], dropout=cfg.model.dropout,
+        decoder_alpha=alphas["decoder"], dropout=cfg.model.dropout, max_len=max_positions,
+        pad_id=pad_id,
     ))
 
 

@@ -100,14 +100,18 @@ class AdminProfile:
     starting at ratio = 1. Var is over the whole flattened tensor (population variance, as
     numpy's var in Clinic). Residual.forward calls `step` while the profile is attached."""
 
-    def __init__(self):
+    def __init__(self, tokens=None):
         self.ratio = 1.0
         self.omegas = []
+        self.tokens = tokens  # (B, T) real tokens of the stack's input; None: every position
 
     def step(self, res: Residual, x: torch.Tensor, g: torch.Tensor) -> None:
         res.omega.fill_(self.ratio)
         self.omegas.append(self.ratio)
-        var_x = torch.var(res.omega * x, unbiased=False)
+        x = res.omega * x
+        if self.tokens is not None:  # padding is not part of the signal being profiled
+            x, g = x[self.tokens], g[self.tokens]
+        var_x = torch.var(x, unbiased=False)
         var_g = torch.var(g, unbiased=False)
         self.ratio = math.sqrt(float(var_x) + float(var_g))
 
@@ -118,13 +122,14 @@ def admin_profiled(model: Seq2SeqTransformer, batch: Callable[[], Batch]) -> Dic
     on one training batch in training mode, setting each omega (a per-dimension vector filled
     with the profiled scalar) bottom-up in each stack."""
     xavier(model)
-    profiles = {"encoder": AdminProfile(), "decoder": AdminProfile()}
+    src, tgt_in, _ = batch()
+    src_tokens, tgt_tokens = model.token_masks(src, tgt_in)
+    profiles = {"encoder": AdminProfile(src_tokens), "decoder": AdminProfile(tgt_tokens)}
     for stack, _, _, res in model.residuals():
         res.admin_profile = profiles[stack]
     was_training = model.training
     model.train()
     try:
-        src, tgt_in, _ = batch()
         model(src, tgt_in)
     finally:
         for *_, res in model.residuals():

@@ -47,6 +47,9 @@ class NormMLP(nn.Module):
     def residuals(self) -> Iterator:
         return iter(())  # no residual sublayers: the per-sublayer probes have nothing to report
 
+    def token_masks(self, x: torch.Tensor, _unused: Optional[torch.Tensor] = None):
+        return None, None  # fixed-size inputs: no padding
+
     def weight_matrices(self) -> Iterator[Tuple[str, int, str, str, nn.Parameter]]:
         """(stack, layer, sublayer, param, weight) for every weight matrix, bottom-up."""
         for i, layer in enumerate(self.hidden, start=1):

@@ -3,6 +3,12 @@
 Read top-down: attention, FFN, the residual sublayer (the one place where Post-LN, Pre-LN,
 DeepNorm and Admin differ), the encoder and decoder layers, the model. Initialisation rules live
 in model/init.py; this file only builds the shapes and the forward pass.
+
+Padding (real text, `pad_id` set): sequences are padded on the right. The encoder's
+self-attention and the decoder's cross-attention mask the padded source positions; the
+decoder's causal mask already keeps every real target position away from the padding after it.
+Padded positions compute values that nothing reads; losses and probes count real tokens only
+(`token_masks`).
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ class TransformerConfig:
     residual: str = "postln"   # postln | preln | deepnorm | admin, see Residual.forward
     encoder_alpha: float = 1.0  # DeepNorm's residual scale alpha for the encoder stack
     decoder_alpha: float = 1.0  # ... and for the decoder stack
-    dropout: float = 0.0       # on attention weights and branch outputs
+    dropout: float = 0.0       # on attention weights, branch outputs and embeddings
     max_len: int = 512         # positions covered by the sinusoidal table
+    pad_id: Optional[int] = None  # padding token of variable-length batches; None: no masks
 
 
 class SelfAttention(nn.Module):
@@ -46,11 +53,13 @@ class SelfAttention(nn.Module):
         w = self.qkv.weight
         return {"q": w[:d], "k": w[d:2 * d], "v": w[2 * d:], "o": self.out.weight}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """key_mask: (B, 1, 1, T), True where a key is a real token (encoder only)."""
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0)
+            q, k, v, attn_mask=key_mask, is_causal=self.causal,
+            dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, d))
 
 
@@ -69,12 +78,14 @@ class CrossAttention(nn.Module):
         return {"q": self.q.weight, "k": self.kv.weight[:d], "v": self.kv.weight[d:],
                 "o": self.out.weight}
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, memory: torch.Tensor,
+                memory_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         B, T, d = x.shape
         S, h = memory.shape[1], self.n_heads
         q = self.q(x).view(B, T, h, d // h).transpose(1, 2)
         k, v = self.kv(memory).view(B, S, 2, h, d // h).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=memory_mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, d))
 
 
@@ -104,6 +115,7 @@ class Residual(nn.Module):
             self.omega = nn.Parameter(torch.ones(d))
         # Probe hooks, off in normal training: see probes/ and init.admin_profile.
         self.record_ln_input = False
+        self.ln_input_mask: Optional[torch.Tensor] = None  # (B, T) real tokens, None: all
         self.ln_input_norm: Optional[torch.Tensor] = None
         self.admin_profile = None
 
@@ -127,8 +139,9 @@ class Residual(nn.Module):
 
     def _ln(self, x: torch.Tensor) -> torch.Tensor:
         if self.record_ln_input:
-            # DeepNet Fig. 3(b,c): mean over tokens of the L2 norm of the LN input.
-            self.ln_input_norm = x.detach().norm(dim=-1).mean()
+            # DeepNet Fig. 3(b,c): mean over (real) tokens of the L2 norm of the LN input.
+            norms, mask = x.detach().norm(dim=-1), self.ln_input_mask
+            self.ln_input_norm = norms.mean() if mask is None else (norms * mask).sum() / mask.sum()
         return self.ln(x)
 
 
@@ -139,8 +152,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = Residual(SelfAttention(d, c.n_heads, False, c.dropout), d, c.residual, a, c.dropout)
         self.ffn = Residual(FeedForward(d, c.ffn_dim), d, c.residual, a, c.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ffn(self.self_attn(x))
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.ffn(self.self_attn(x, key_mask))
 
 
 class DecoderLayer(nn.Module):
@@ -151,8 +164,9 @@ class DecoderLayer(nn.Module):
         self.cross_attn = Residual(CrossAttention(d, c.n_heads, c.dropout), d, c.residual, a, c.dropout)
         self.ffn = Residual(FeedForward(d, c.ffn_dim), d, c.residual, a, c.dropout)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
-        return self.ffn(self.cross_attn(self.self_attn(x), memory))
+    def forward(self, x: torch.Tensor, memory: torch.Tensor,
+                memory_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.ffn(self.cross_attn(self.self_attn(x), memory, memory_mask))
 
 
 def sinusoidal_positions(max_len: int, d: int) -> torch.Tensor:
@@ -181,22 +195,42 @@ class Seq2SeqTransformer(nn.Module):
         x = self.embed(tokens) * math.sqrt(self.config.d_model) + self.positions[: tokens.shape[1]]
         return F.dropout(x, self.config.dropout, self.training)
 
+    def token_masks(self, src: torch.Tensor, tgt_in: torch.Tensor):
+        """(source, target) masks of real tokens, (B, S) and (B, T) bool; (None, None) when the
+        model has no padding. BOS starts every target, so tgt_in marks the same positions as
+        the targets it predicts."""
+        if self.config.pad_id is None:
+            return None, None
+        return src != self.config.pad_id, tgt_in != self.config.pad_id
+
+    def key_mask(self, src: torch.Tensor) -> Optional[torch.Tensor]:
+        """Attention mask over the source keys, (B, 1, 1, S): True where attention may look."""
+        return None if self.config.pad_id is None else (src != self.config.pad_id)[:, None, None, :]
+
     def encode(self, src: torch.Tensor) -> torch.Tensor:
+        key_mask = self.key_mask(src)
         x = self._embed(src)
         for layer in self.encoder:
-            x = layer(x)
+            x = layer(x, key_mask)
         return self.encoder_final_ln(x)
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor,
+               memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """The top decoder output for `tgt_in` given the encoder output (B, T, d)."""
+        y = self._embed(tgt_in)
+        for layer in self.decoder:
+            y = layer(y, memory, memory_mask)
+        return self.decoder_final_ln(y)
 
     def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """F(x, theta): the top decoder output before the vocabulary projection, (B, T, d)."""
-        memory = self.encode(src)
-        y = self._embed(tgt_in)
-        for layer in self.decoder:
-            y = layer(y, memory)
-        return self.decoder_final_ln(y)
+        return self.decode(tgt_in, self.encode(src), self.key_mask(src))
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return F.linear(features, self.embed.weight)  # tied with the input embeddings
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.features(src, tgt_in), self.embed.weight)
+        return self.logits(self.features(src, tgt_in))
 
     def residuals(self) -> Iterator[Tuple[str, int, str, Residual]]:
         """(stack, layer 1-based from the bottom, sublayer name, module), bottom-up per stack."""

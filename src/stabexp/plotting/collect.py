@@ -44,7 +44,9 @@ def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
                      "diverged_at_step": summary.get("diverged_at_step"),
                      "final_eval_loss": summary.get("final_eval_loss"),
                      "final_eval_acc": summary.get("final_eval_acc"),
-                     "chance_loss": summary.get("chance_loss")})
+                     "chance_loss": summary.get("chance_loss"), "task": summary.get("task"),
+                     "final_eval_ppl": summary.get("final_eval_ppl"), "valid_bleu": summary.get("valid_bleu"),
+                     "test_bleu": summary.get("test_bleu"), "bleu_signature": summary.get("bleu_signature")})
         for name, sink in (("metrics.csv", metrics), ("layers.csv", layers)):
             path = folder / name
             if path.exists() and path.stat().st_size > 0:

@@ -7,20 +7,24 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from stabexp.model.transformer import Seq2SeqTransformer
 
 
-def model_update(features: torch.Tensor, features_init: torch.Tensor) -> torch.Tensor:
+def model_update(features: torch.Tensor, features_init: torch.Tensor,
+                 tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """||F(x, theta_i) - F(x, theta_0)|| for F of shape (B, T, d), normalised per token:
     sqrt(mean over the B*T target tokens of ||dF_token||_2^2) = ||dF||_F / sqrt(B T).
     The Frobenius norm of the whole batch would grow like sqrt(B T); this does not, so the
-    value does not depend on the probe batch size (DeepNet does not state its normalisation)."""
-    diff = (features - features_init).flatten(0, -2)
-    return torch.linalg.vector_norm(diff) / diff.shape[0] ** 0.5
+    value does not depend on the probe batch size (DeepNet does not state its normalisation).
+    With `tokens` (B, T), the mean runs over the real (unpadded) target tokens only."""
+    diff = features - features_init
+    if tokens is None:
+        return torch.linalg.vector_norm(diff) / diff[..., 0].numel() ** 0.5
+    return ((diff.pow(2).sum(-1) * tokens).sum() / tokens.sum()).sqrt()
 
 
 class LayerProbe:
@@ -35,6 +39,7 @@ class LayerProbe:
         self.model = model
         self.keys: List[Tuple[str, int, str]] = []
         self.residuals = [res for *_, res in model.residuals()]
+        self.stacks = [stack for stack, *_ in model.residuals()]
         sublayer_of = {}
         for i, (stack, layer, name, res) in enumerate(model.residuals()):
             self.keys.append((stack, layer, name))
@@ -60,15 +65,17 @@ class LayerProbe:
     @torch.no_grad()
     def features_with_ln_norms(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """F(x, theta) in eval mode (no dropout), plus each sublayer's ln_input_norm on the
-        same pass."""
+        same pass (over the real tokens of its stack's input)."""
         residuals = self.residuals
+        tokens = dict(zip(("encoder", "decoder"), self.model.token_masks(src, tgt_in)))
         # Eval mode only matters with dropout; toggling every module costs more than the
         # probe's own arithmetic in a deep tiny model, so skip it when nothing would change.
         toggle = self.model.training and getattr(self.model.config, "dropout", 0) > 0
         if toggle:
             self.model.eval()
-        for res in residuals:
+        for res, stack in zip(residuals, self.stacks):
             res.record_ln_input = True
+            res.ln_input_mask = tokens.get(stack)
         try:
             feats = self.model.features(src, tgt_in)
             ln_norms = (torch.stack([res.ln_input_norm for res in residuals]) if residuals
@@ -76,7 +83,7 @@ class LayerProbe:
         finally:
             for res in residuals:
                 res.record_ln_input = False
-                res.ln_input_norm = None
+                res.ln_input_norm = res.ln_input_mask = None
             if toggle:
                 self.model.train()
         return feats, ln_norms

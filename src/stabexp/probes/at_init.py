@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -29,9 +29,10 @@ def perturbed_parameters(model: Seq2SeqTransformer) -> List[nn.Parameter]:
             if id(p) not in skip and not name.endswith(("bias", "omega"))]
 
 
-def _per_token_sq_change(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    # Mean over tokens of the squared L2 change: independent of the batch size, like model_update.
-    return (a - b).flatten(0, -2).pow(2).sum(-1).mean()
+def _per_token_sq_change(a: torch.Tensor, b: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
+    # Mean over (real) tokens of the squared L2 change: independent of the batch size, like model_update.
+    sq = (a - b).pow(2).sum(-1)
+    return sq.mean() if tokens is None else (sq * tokens).sum() / tokens.sum()
 
 
 @torch.no_grad()
@@ -41,8 +42,10 @@ def output_change(model: Seq2SeqTransformer, src: torch.Tensor, tgt_in: torch.Te
     F the top decoder output, as the mean over target tokens of the squared L2 change; plus, per
     residual sublayer in `model.residuals()` order, the same change of the sublayer's input
     normalised by its per-token standard deviation (Clinic's x / x.std(-1)). The weights are
-    restored exactly afterwards."""
+    restored exactly afterwards. Padded positions (a task with pad_id) are left out."""
     inputs: List[torch.Tensor] = []
+    masks = dict(zip(("encoder", "decoder"), model.token_masks(src, tgt_in)))
+    stacks = [stack for stack, *_ in model.residuals()]
 
     def keep(module, args):
         x = args[0]
@@ -64,18 +67,21 @@ def output_change(model: Seq2SeqTransformer, src: torch.Tensor, tgt_in: torch.Te
         for h in hooks:
             h.remove()
         model.train(was_training)
-    per_sublayer = torch.stack([_per_token_sq_change(a, b) for a, b in zip(inputs, clean_inputs)])
-    values = torch.cat([_per_token_sq_change(noisy, clean)[None], per_sublayer]).tolist()
+    per_sublayer = torch.stack([_per_token_sq_change(a, b, masks[stack])
+                                for a, b, stack in zip(inputs, clean_inputs, stacks)])
+    values = torch.cat([_per_token_sq_change(noisy, clean, masks["decoder"])[None], per_sublayer]).tolist()
     return {"output_change": values[0], "input_change": values[1:]}
 
 
-def grad_at_init(model: Seq2SeqTransformer, batch) -> Dict:
+def grad_at_init(model: Seq2SeqTransformer, batch, loss: Optional[Callable] = None) -> Dict:
     """One forward/backward pass on `batch` without an optimiser step: total gradient norm,
     per-sublayer gradient norms and, for FFN sublayers, the norm of W_2's gradient (None
-    elsewhere). Gradients are cleared afterwards."""
+    elsewhere). `loss(logits, tgt_out)` is the task's training loss (default: cross-entropy).
+    Gradients are cleared afterwards."""
     src, tgt_in, tgt_out = batch
+    loss = loss or (lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten()))
     model.zero_grad(set_to_none=True)
-    F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten()).backward()
+    loss(model(src, tgt_in), tgt_out).backward()
     total, per_sublayer = LayerProbe(model).grad_norms()
     residuals = list(model.residuals())
     ffn = [i for i, (_, _, name, _) in enumerate(residuals) if name == "ffn"]

@@ -6,7 +6,11 @@ Files (all in out_dir):
   probe.first_steps, every probe.every steps, every eval step and the last step).
 - layers.csv: one row per (probe step, stack, layer, sublayer).
 - summary.json: status (running | completed | diverged | interrupted | failed), losses, timing,
-  resolved constants.
+  resolved constants, what the task says about its data; after a completed run, what the task
+  measures at the end (translation: test BLEU, with test_translations.tsv).
+
+The trainer asks the task (data/) for batches, the loss and the eval columns, and the model for
+its outputs and residual sublayers; it knows neither's insides.
 
 Row at step i: `loss`, `grad_norm` and `lr` belong to optimiser step i (computed on theta_{i-1});
 `model_update`, `ln_input_norm` and the eval columns are measured on theta_i, after the step.
@@ -32,12 +36,11 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from stabexp import theory
 from stabexp.config import validate
-from stabexp.data import make_task
+from stabexp.data import Task, make_task
 from stabexp.model import build_model, initialise
 from stabexp.probes import LayerProbe, model_update, rows_for_layers
 from stabexp.probes.at_init import grad_at_init, output_change
@@ -48,7 +51,7 @@ from stabexp.train.schedule import lr_factor
 log = logging.getLogger("stabexp")
 
 METRICS_COLUMNS = ["step", "lr", "loss", "grad_norm", "model_update", "output_change", "eval_loss",
-                   "eval_acc", "elapsed_s"]
+                   "eval_acc", "eval_ppl", "valid_bleu", "elapsed_s"]
 # A row is a residual sublayer (param empty) or, with probe.weights, one weight matrix (param set).
 LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm",
                   "input_change", "w2_grad_norm", "weight_norm", "angular_update",
@@ -94,20 +97,6 @@ class _CsvLog:
         self.file.close()
 
 
-@torch.no_grad()
-def evaluate(model, batch) -> Dict[str, float]:
-    """Teacher-forced loss and token accuracy on a fixed held-out batch."""
-    src, tgt_in, tgt_out = batch
-    was_training = model.training
-    model.eval()
-    logits = model(src, tgt_in)
-    model.train(was_training)
-    loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten())
-    acc = (logits.argmax(-1) == tgt_out).float().mean()
-    loss, acc = torch.stack([loss, acc]).tolist()
-    return {"eval_loss": loss, "eval_acc": acc}
-
-
 def group_name(cfg: DictConfig) -> str:
     """A group is a residual placement of the Transformer; NormMLP has none: it goes by its name."""
     return cfg.group.name if cfg.model.arch == "transformer" else cfg.model.arch
@@ -117,16 +106,20 @@ def train(cfg: DictConfig, out_dir) -> Dict:
     """Run one experiment; return its summary (also written to out_dir/summary.json).
 
     A run that is already finished in out_dir is left untouched unless cfg.overwrite is set.
-    A diverged run is a result (status "diverged"); an unexpected error is recorded as status
-    "failed" and re-raised.
+    The task is built first, so bad data (a ConfigError) stops the run before anything is
+    written. A diverged run is a result (status "diverged"); an unexpected error during the run
+    is recorded as status "failed" and re-raised.
     """
     validate(cfg)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     previous = read_summary(out_dir)
     if previous and previous.get("status") in FINISHED and not cfg.overwrite:
         log.info("already %s, left as is: %s (overwrite=true runs it again)", previous["status"], out_dir)
         return previous
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    task = make_task(cfg, _device(cfg.train.device))
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     summary = {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
                "group": group_name(cfg), "depth": cfg.depth,
@@ -136,7 +129,7 @@ def train(cfg: DictConfig, out_dir) -> Dict:
                "steps": cfg.train.steps, "out_dir": str(out_dir)}
     start = time.perf_counter()
     try:
-        summary.update(_train(cfg, out_dir, summary, start))
+        summary.update(_train(cfg, out_dir, summary, start, task))
     except KeyboardInterrupt:
         summary.update(status="interrupted", wall_seconds=time.perf_counter() - start)
         _write_json(out_dir / "summary.json", summary)
@@ -158,21 +151,21 @@ class Run:
     same code path.
     """
 
-    def __init__(self, cfg: DictConfig, out_dir: Path, summary: Dict, start: float,
+    def __init__(self, cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task,
                  show_progress: bool = True):
         t = self.train_cfg = cfg.train
-        self.cfg, self.start = cfg, start
+        self.cfg, self.start, self.task = cfg, start, task
         if t.threads:
             torch.set_num_threads(t.threads)
         self.device = device = _device(t.device)
         torch.manual_seed(cfg.seed)
-        self.task = task = make_task(cfg.task, cfg.seed, device)
-        self.eval_batch = task.eval_batch(cfg.task.eval_batch_size)
-        self.probe_src, self.probe_tgt_in, _ = task.probe_batch(cfg.task.probe_batch_size)
+        self.probe_src, self.probe_tgt_in, _ = task.probe_batch()
 
-        self.model = model = build_model(cfg, cfg.task.vocab_size).to(device)
-        summary["constants"] = initialise(model, cfg.group.init, lambda: task.init_batch(t.batch_size))
+        self.model = model = build_model(cfg, task.vocab_size, task.pad_id, task.max_positions).to(device)
+        self.probe_tokens = model.token_masks(self.probe_src, self.probe_tgt_in)[1]
+        summary["constants"] = initialise(model, cfg.group.init, task.init_batch)
         summary["chance_loss"] = task.chance_loss
+        summary.update(task.info())
         o = cfg.optim
         summary["optim"] = {"name": o.name, "lr": t.lr, "weight_decay": o.weight_decay,
                             "momentum": o.momentum, "beta1": o.betas[0], "decay_on": o.decay_on}
@@ -219,7 +212,7 @@ class Run:
         cfg, model = self.cfg, self.model
         change = output_change(model, self.probe_src, self.probe_tgt_in,
                                generator=torch.Generator().manual_seed(cfg.seed))
-        grads = grad_at_init(model, self.task.init_batch(cfg.train.batch_size))
+        grads = grad_at_init(model, self.task.init_batch(), self.task.loss)
         return {**change, **grads}
 
     def is_eval_step(self, step: int) -> bool:
@@ -232,8 +225,8 @@ class Run:
     def step(self, step: int) -> bool:
         """Optimiser step number `step` (1-based), probing if due; False when it diverged."""
         t, model, result = self.train_cfg, self.model, self.result
-        src, tgt_in, tgt_out = self.task.train_batch(t.batch_size)
-        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten())
+        src, tgt_in, tgt_out = self.task.train_batch()
+        loss = self.task.loss(model(src, tgt_in), tgt_out)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         loss_value = loss.item()
@@ -272,7 +265,7 @@ class Run:
         row = {"step": step, "lr": lr, "loss": loss}
         if self.probe is not None:
             feats, ln_norms = self.probe.features_with_ln_norms(self.probe_src, self.probe_tgt_in)
-            update = model_update(feats, self.features_init)
+            update = model_update(feats, self.features_init, self.probe_tokens)
             total, per_sublayer = grads if grads is not None else self.probe.grad_norms()
             n = per_sublayer.numel()
             values = torch.cat([torch.stack([total.float(), update.float()]),
@@ -289,11 +282,17 @@ class Run:
                                           weights_moved)
             self.layers.write(rows)
         if self.is_eval_step(step):
-            row.update(evaluate(self.model, self.eval_batch))
-            best = self.result["best_eval_loss"]
+            row.update(self.task.evaluate(self.model, step))
+            result = self.result
+            best = result["best_eval_loss"]
             if math.isfinite(row["eval_loss"]) and (best is None or row["eval_loss"] < best):
-                self.result["best_eval_loss"] = row["eval_loss"]
-            self.result.update(final_eval_loss=row["eval_loss"], final_eval_acc=row["eval_acc"])
+                result["best_eval_loss"] = row["eval_loss"]
+            result.update(final_eval_loss=row["eval_loss"], final_eval_acc=row["eval_acc"])
+            if "eval_ppl" in row:
+                result["final_eval_ppl"] = row["eval_ppl"]
+            if "valid_bleu" in row:
+                result["valid_bleu"] = row["valid_bleu"]
+                result["best_valid_bleu"] = max(row["valid_bleu"], result.get("best_valid_bleu") or 0.0)
         row["elapsed_s"] = time.perf_counter() - self.start
         self.metrics.write([row])
         return row
@@ -315,17 +314,20 @@ class Run:
         self.progress.close()
 
 
-def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float) -> Dict:
-    run = Run(cfg, out_dir, summary, start)
+def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task) -> Dict:
+    run = Run(cfg, out_dir, summary, start, task)
     try:
         for step in range(1, cfg.train.steps + 1):
             if not run.step(step):
                 break
     finally:
         run.close()
+    if run.result["status"] == "completed" and run.steps_done > 0:
+        run.result.update(task.finish(run.model, out_dir))
     wall = time.perf_counter() - start
     run.result.update(steps_done=run.steps_done, wall_seconds=wall,
-                      steps_per_second=run.steps_done / wall if wall > 0 else None)
+                      steps_per_second=run.steps_done / wall if wall > 0 else None,
+                      target_tokens=task.target_tokens)
     return run.result
 
 

@@ -1,0 +1,74 @@
+"""What the trainer asks of a task, and nothing more (fairseq's split between task and model):
+batches, the training loss, the eval columns at eval steps, and what a finished run reports.
+
+A batch is (src, tgt_in, tgt_out), token ids of shape (B, S), (B, T), (B, T): tgt_in is the
+target shifted right behind BOS, tgt_out the tokens to predict. A task with variable-length
+batches pads them with `pad_id` on the right; the loss and the probes skip those positions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class Task:
+    vocab_size: int                # token ids are 0 .. vocab_size - 1
+    pad_id: Optional[int] = None   # None: fixed-length batches, no padding anywhere
+    label_smoothing: float = 0.0   # of the training loss only; eval losses are plain NLL
+    max_positions: int = 512       # the longest sequence the model must embed
+    target_tokens: int = 0         # real target tokens in the training batches drawn so far
+
+    @property
+    def chance_loss(self) -> float:
+        """The loss of a model that predicts the uniform distribution over the outputs."""
+        raise NotImplementedError
+
+    def train_batch(self) -> Batch:
+        raise NotImplementedError
+
+    def init_batch(self) -> Batch:
+        """A training-like batch from a stream of its own (Admin's profiling, the gradient at
+        init), so that using it does not shift the training batches."""
+        raise NotImplementedError
+
+    def probe_batch(self) -> Batch:
+        """The fixed input x of the probes, the same at every call."""
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: Optional[float] = None):
+        """Cross-entropy, mean over real target tokens (padding ignored), label-smoothed as
+        in Szegedy et al. 2016 / fairseq's label_smoothed_cross_entropy unless told otherwise."""
+        ls = self.label_smoothing if label_smoothing is None else label_smoothing
+        return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), label_smoothing=ls,
+                               ignore_index=-100 if self.pad_id is None else self.pad_id)
+
+    def evaluate(self, model, step: int = 0) -> Dict[str, float]:
+        """The eval columns of metrics.csv (eval_loss, eval_acc, ...) for the model after `step`
+        updates."""
+        raise NotImplementedError
+
+    def finish(self, model, out_dir: Path) -> Dict:
+        """After a completed run: extra summary fields (and files in out_dir)."""
+        return {}
+
+    def info(self) -> Dict:
+        """What summary.json records about the data (sizes, what was dropped, the vocabulary)."""
+        return {}
+
+
+@torch.no_grad()
+def token_stats(model, task: Task, batch: Batch) -> torch.Tensor:
+    """(summed NLL, correct predictions, real target tokens) of one batch, teacher-forced, on
+    device: callers add batches up and sync once."""
+    src, tgt_in, tgt_out = batch
+    logits = model(src, tgt_in)
+    nll = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), reduction="none")
+    real = (tgt_out != task.pad_id).flatten().float() if task.pad_id is not None else torch.ones_like(nll)
+    correct = (logits.argmax(-1).flatten() == tgt_out.flatten()).float() * real
+    return torch.stack([(nll * real).sum(), correct.sum(), real.sum()])

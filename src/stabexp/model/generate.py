@@ -1,0 +1,90 @@
+"""Translating with a trained Seq2SeqTransformer: greedy decoding and beam search.
+
+The decoder is re-run over the whole prefix at every step (no incremental state): simple, and
+on the models this tool trains the decoding of a validation set stays a few seconds.
+Both return, per source sentence, the output token ids without BOS and EOS.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+import torch.nn.functional as F
+
+
+def max_output_len(src_len: int, max_positions: int) -> int:
+    """Output length limit for a source of src_len tokens: 1.2 x + 10, within the positions."""
+    return min(int(1.2 * src_len) + 10, max_positions - 1)
+
+
+def _strip(row: List[int], eos: int) -> List[int]:
+    return row[:row.index(eos)] if eos in row else row
+
+
+@torch.no_grad()
+def greedy(model, src: torch.Tensor, bos: int, eos: int, pad: int, max_len: int) -> List[List[int]]:
+    """The most likely next token at each step, up to max_len tokens."""
+    memory, memory_mask = model.encode(src), model.key_mask(src)
+    tokens = torch.full((src.shape[0], 1), bos, dtype=torch.long, device=src.device)
+    done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+    for _ in range(max_len):
+        step = model.logits(model.decode(tokens, memory, memory_mask)[:, -1]).argmax(-1)
+        step = step.masked_fill(done, pad)
+        tokens = torch.cat([tokens, step[:, None]], dim=1)
+        done |= step == eos
+        if bool(done.all()):
+            break
+    return [_strip(row[1:], eos) for row in tokens.tolist()]
+
+
+@torch.no_grad()
+def beam_search(model, src: torch.Tensor, bos: int, eos: int, pad: int, max_len: int,
+                beam: int) -> List[List[int]]:
+    """Beam search with scores normalised by length (fairseq's default, lenpen 1): a sentence
+    is done when `beam` hypotheses have ended; the best of them by mean log-probability wins."""
+    B, device = src.shape[0], src.device
+    memory = model.encode(src).repeat_interleave(beam, 0)
+    memory_mask = model.key_mask(src)
+    if memory_mask is not None:
+        memory_mask = memory_mask.repeat_interleave(beam, 0)
+    tokens = torch.full((B * beam, 1), bos, dtype=torch.long, device=device)
+    scores = torch.full((B, beam), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # every beam starts as the same BOS: keep one
+    finished: List[List] = [[] for _ in range(B)]
+    for t in range(1, max_len + 2):
+        logp = F.log_softmax(model.logits(model.decode(tokens, memory, memory_mask)[:, -1]).float(), -1)
+        if t == max_len + 1:  # max_len tokens, as greedy's limit: every hypothesis ends here
+            only_eos = torch.full_like(logp, float("-inf"))
+            only_eos[:, eos] = 0.0
+            logp = logp + only_eos
+        V = logp.shape[-1]
+        candidates = (scores.view(-1, 1) + logp).view(B, beam * V)
+        top_scores, top_index = candidates.topk(2 * beam, dim=1)
+        top_scores, top_index = top_scores.tolist(), top_index.tolist()
+        rows, next_tokens, next_scores = [], [], []
+        for b in range(B):
+            kept = 0
+            for score, index in zip(top_scores[b], top_index[b]):
+                origin, token = b * beam + index // V, index % V
+                if len(finished[b]) >= beam or kept == beam:
+                    break
+                if token == eos:
+                    if score > float("-inf"):
+                        finished[b].append((score / t, tokens[origin, 1:].tolist()))
+                    continue
+                rows.append(origin)
+                next_tokens.append(token)
+                next_scores.append(score)
+                kept += 1
+            while kept < beam:  # a finished sentence (or too few candidates): pad with dead beams
+                rows.append(b * beam)
+                next_tokens.append(pad)
+                next_scores.append(float("-inf"))
+                kept += 1
+        if all(len(f) >= beam for f in finished):
+            break
+        index = torch.tensor(rows, device=device)
+        tokens = torch.cat([tokens[index], torch.tensor(next_tokens, device=device)[:, None]], dim=1)
+        scores = torch.tensor(next_scores, device=device).view(B, beam)
+    return [_strip(max(f, key=lambda h: h[0])[1], eos) if f else [] for f in finished]

@@ -1,0 +1,329 @@
+"""Translation on parallel text: reading and checking corpora, subwords and their cache,
+token-budget batches, padding masks, decoding, BLEU, downloads (against a loopback server) and
+whole runs on the small corpus of tests/corpus.py."""
+
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import TINY
+from corpus import translation_overrides, write_corpus
+from stabexp.data.batching import collate, length_batches
+from stabexp.data.corpus import DataError, read_split
+from stabexp.data.download import RemoteCorpus, ensure_corpus, fetch
+from stabexp.data.subwords import learn_or_load
+from stabexp.data.translation import corpus_bleu
+from stabexp.model import build_model, initialise
+from stabexp.model.generate import beam_search, greedy
+from stabexp.probes import LayerProbe, model_update
+from stabexp.train.trainer import train
+
+GROUPS = ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin"]
+
+
+def _one_line_error(result, *words):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def _tree(folder: Path):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
+
+
+# --- whole runs ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_group_translates_and_reports_bleu(make_cfg, corpus_dir, tmp_path, group):
+    cfg = make_cfg(*translation_overrides(corpus_dir), f"group={group}", "train.steps=4", "train.eval_every=2")
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    evals = metrics[metrics.eval_loss.notna()]
+    assert list(evals.step) == [0, 2, 4]
+    assert (evals.eval_ppl - evals.eval_loss.map(lambda v: torch.tensor(v).exp().item())).abs().max() < 1e-3
+    assert evals.valid_bleu.isna().tolist() == [True, False, False]  # no BLEU before the first update
+    assert evals.valid_bleu[1:].between(0, 100).all()
+    assert 0 <= summary["test_bleu"] <= 100 and summary["bleu_signature"].startswith("nrefs:1|")
+    translations = pd.read_csv(tmp_path / "test_translations.tsv", sep="\t", keep_default_na=False)
+    assert list(translations.columns) == ["source", "hypothesis", "reference"] and len(translations) == 20
+    assert summary["data"]["splits"]["test"]["pairs"] == 20 and summary["chance_loss"] > 0
+
+
+def test_test_bleu_equals_the_sacrebleu_command_line_on_the_saved_translations(make_cfg, corpus_dir, tmp_path):
+    """The saved hypotheses scored by sacreBLEU's own CLI give the summary's test_bleu; and a run
+    that learnt something translates the toy corpus better than chance."""
+    cfg = make_cfg(*translation_overrides(corpus_dir), "group=preln", "train.steps=200", "train.eval_every=200",
+                   "train.lr=3e-3", "model.d_model=32", "model.ffn_dim=64", "probe.enabled=false")
+    summary = train(cfg, tmp_path)
+    translations = pd.read_csv(tmp_path / "test_translations.tsv", sep="\t", keep_default_na=False)
+    (tmp_path / "hyp.txt").write_text("".join(h + "\n" for h in translations.hypothesis), encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in translations.reference), encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref.txt"), "-i", str(tmp_path / "hyp.txt"),
+                          "-b", "-w", "6"], capture_output=True, text=True, check=True)
+    assert summary["test_bleu"] == pytest.approx(float(out.stdout.strip()), abs=1e-5)
+    assert summary["test_bleu"] > 30
+
+
+def test_bleu_is_sacrebleus_corpus_score():
+    import sacrebleu
+
+    hyps = ["A man runs in the park.", "Two boys wait on the beach .", "A dog"]
+    refs = ["A man runs in the park.", "Two boys are waiting on the beach.", "A dog sleeps in the snow."]
+    assert corpus_bleu(hyps, refs) == sacrebleu.corpus_bleu(hyps, [refs]).score
+
+
+def test_dropped_pairs_are_counted_and_the_batches_hold_the_token_budget(make_cfg, tmp_path):
+    folder = write_corpus(tmp_path / "corpus")
+    with gzip.open(folder / "train.de.gz", "at", encoding="utf-8") as de, \
+            gzip.open(folder / "train.en.gz", "at", encoding="utf-8") as en:
+        de.write("\nEin Mann " + "läuft und " * 30 + "wartet.\n")   # an empty pair, then a long one
+        en.write("\nA man " + "runs and " * 30 + "waits.\n")
+    from stabexp.data import make_task
+
+    cfg = make_cfg(*translation_overrides(folder), "task.max_len=40", "train.max_tokens=100", "train.batch_size=64")
+    task = make_task(cfg, torch.device("cpu"))
+    counts = task.info()["data"]["splits"]["train"]
+    assert counts == {**counts, "pairs_in_files": 112, "dropped_empty": 1, "dropped_long": 1, "pairs": 110}
+    for _ in range(30):
+        src, tgt_in, tgt_out = task.train_batch()
+        assert max(src.shape[1], tgt_in.shape[1]) * src.shape[0] <= 100
+        assert (tgt_in[:, 0] == 1).all() and ((tgt_out == 2).sum(1) == 1).all()  # BOS ... / ... EOS
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+def _bad_corpus(tmp_path, damage):
+    folder = write_corpus(tmp_path / "bad")
+    damage(folder)
+    return folder
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda f: None, ["no file", "dev.de"]),
+    (lambda f: (f / "val.en").write_text("one line\n"), ["val.de has 20 lines", "val.en has 1"]),
+    (lambda f: (f / "val.de").write_bytes(b"gut\n\xff\xfe kaputt\n"), ["val.de line 2", "UTF-8"]),
+    (lambda f: ((f / "val.de").write_text(""), (f / "val.en").write_text("")), ["val", "no sentence pair"]),
+], ids=["missing-split", "line-counts", "not-utf8", "empty"])
+def test_bad_corpus_is_one_line_and_writes_nothing(stabexp_cli, tmp_path, damage, words):
+    folder = _bad_corpus(tmp_path, damage)
+    split = "dev" if "dev.de" in words else "val"
+    cache = Path(os.environ["STABEXP_DATA"])
+    before = _tree(cache)
+    r = stabexp_cli("run", *TINY, *translation_overrides(folder), f"task.valid_split={split}")
+    _one_line_error(r, *words)
+    assert not stabexp_cli.outputs.exists() and _tree(cache) == before
+
+
+def test_missing_folder_and_refused_vocabulary_are_one_line(stabexp_cli, corpus_dir):
+    r = stabexp_cli("run", *TINY, *translation_overrides(corpus_dir / "nope"))
+    _one_line_error(r, "is not a folder")
+    cache = Path(os.environ["STABEXP_DATA"])
+    before = _tree(cache)
+    for size in ("10", "100000"):
+        r = stabexp_cli("run", *TINY, *translation_overrides(corpus_dir), f"task.vocab_size={size}")
+        _one_line_error(r, f"task.vocab_size={size}", "refused by sentencepiece")
+    r = stabexp_cli("run", *TINY, "task=translation")
+    _one_line_error(r, "task.path", "needs a folder")
+    r = stabexp_cli("run", *TINY, "train.max_tokens=500")
+    _one_line_error(r, "train.max_tokens=500", "translation")
+    assert not stabexp_cli.outputs.exists() and _tree(cache) == before
+
+
+# --- subwords ----------------------------------------------------------------------------------
+
+def _learn(folder, cache, langs=("de", "en"), size=200):
+    train = read_split(folder, "train", *langs)
+    return learn_or_load([train.src_file, train.tgt_file], [*train.src, *train.tgt], "toy", langs, "bpe",
+                         size, [cache])
+
+
+def test_subwords_are_cached_keyed_and_shared_by_both_directions(corpus_dir, tmp_path):
+    first = _learn(corpus_dir, tmp_path)
+    data = first.path.read_bytes()
+    assert _learn(corpus_dir, tmp_path).path == first.path and first.path.read_bytes() == data
+    assert _learn(corpus_dir, tmp_path, langs=("en", "de")).path == first.path
+    assert _learn(corpus_dir, tmp_path, size=150).path != first.path
+    # Learning again from scratch gives the same bytes.
+    again = _learn(corpus_dir, tmp_path / "other")
+    assert again.path.read_bytes() == data
+    text = "Ein kleines Mädchen spielt im Schnee."
+    assert first.decode(first.encode([text])) == [text]
+
+
+def test_parallel_jobs_learning_one_tokenizer_do_not_race(corpus_dir, tmp_path):
+    code = ("import sys; sys.path.insert(0, {tests!r}); from pathlib import Path;"
+            "from test_translation import _learn; print(_learn(Path({corpus!r}), Path({cache!r})).path)")
+    code = code.format(tests=str(Path(__file__).parent), corpus=str(corpus_dir), cache=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    paths = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(paths) == 1
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [Path(paths.pop()).name]  # no partial files
+
+
+# --- batches and padding -------------------------------------------------------------------------
+
+def test_length_batches_cover_the_epoch_within_the_budget():
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(2, 40, (500,))
+    tgt = torch.randint(2, 40, (500,))
+    batches = length_batches(src, tgt, 400, 30, g)
+    assert sorted(torch.cat(batches).tolist()) == list(range(500))
+    for b in batches:
+        assert torch.maximum(src[b], tgt[b]).max() * len(b) <= 400 and len(b) <= 30
+    # Bucketing: a batch spans a narrow band of source lengths.
+    assert sum((src[b].max() - src[b].min()).item() for b in batches) / len(batches) < 3
+    again = length_batches(src, tgt, 400, 30, torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(batches, again))
+    assert not all(torch.equal(a, b) for a, b in zip(batches, length_batches(src, tgt, 400, 30, g)))
+
+
+def _padded_model(make_cfg, group):
+    cfg = make_cfg(f"group={group}", "depth=2", "decoder_depth=3")
+    torch.manual_seed(0)
+    model = build_model(cfg, 20, pad_id=0)
+    src = collate([[5, 6, 7], [8, 9, 10, 11, 12, 13, 14]], [[4, 5], [6, 7, 8, 9, 10, 11]], 1, 2, 0,
+                  torch.device("cpu"))
+    initialise(model, cfg.group.init, lambda: src)
+    return model.eval()
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_a_sentence_is_the_same_alone_and_batched_with_longer_ones(make_cfg, group):
+    model = _padded_model(make_cfg, group)
+    alone = collate([[5, 6, 7]], [[4, 5]], 1, 2, 0, torch.device("cpu"))
+    batched = collate([[5, 6, 7], [8, 9, 10, 11, 12, 13, 14]], [[4, 5], [6, 7, 8, 9, 10, 11]], 1, 2, 0,
+                      torch.device("cpu"))
+    with torch.no_grad():
+        f_alone, f_batched = model.features(*alone[:2]), model.features(*batched[:2])
+        torch.testing.assert_close(f_batched[:1, :3], f_alone, rtol=1e-5, atol=1e-5)
+        loss = torch.nn.functional.cross_entropy
+        l_alone = loss(model(*alone[:2])[0], alone[2][0])
+        l_batched = loss(model(*batched[:2])[0, :3], batched[2][0, :3])
+        torch.testing.assert_close(l_batched, l_alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", ["postln", "admin"])
+def test_probes_and_admin_profiling_count_real_tokens_only(make_cfg, group):
+    """A batch and the same batch with extra padding columns: same ln_input_norm per sublayer,
+    same model update, same Admin omegas."""
+    model = _padded_model(make_cfg, group)
+    batch = collate([[5, 6, 7], [8, 9, 10, 11]], [[4, 5], [6, 7, 8]], 1, 2, 0, torch.device("cpu"))
+    wide = tuple(torch.nn.functional.pad(t, (0, 5), value=0) for t in batch)
+    probe = LayerProbe(model)
+    f, norms = probe.features_with_ln_norms(*batch[:2])
+    f_wide, norms_wide = probe.features_with_ln_norms(*wide[:2])
+    torch.testing.assert_close(norms_wide, norms, rtol=1e-5, atol=1e-6)
+    tokens = model.token_masks(*batch[:2])[1]
+    tokens_wide = model.token_masks(*wide[:2])[1]
+    moved = f + 0.1 * torch.arange(f.numel()).view_as(f).sin()
+    moved_wide = torch.cat([moved, f_wide[:, f.shape[1]:] + 7.0], dim=1)  # padding moves a lot
+    torch.testing.assert_close(model_update(moved_wide, f_wide, tokens_wide),
+                               model_update(moved, f, tokens), rtol=1e-5, atol=1e-6)
+    if group == "admin":
+        torch.manual_seed(1)  # the same Xavier draw for both profilings
+        narrow = initialise(model, "admin_profiled", lambda: batch)["admin_omega"]
+        torch.manual_seed(1)
+        padded = initialise(model, "admin_profiled", lambda: wide)["admin_omega"]
+        assert narrow["encoder"][1] != 1.0
+        for stack in narrow:
+            assert narrow[stack] == pytest.approx(padded[stack], rel=1e-5)
+
+
+def test_beam_of_one_is_greedy_and_beams_end_with_eos(make_cfg):
+    model = _padded_model(make_cfg, "preln")
+    src = collate([[5, 6, 7], [8, 9, 10, 11, 12]], [[4], [4]], 1, 2, 0, torch.device("cpu"))[0]
+    assert beam_search(model, src, 1, 2, 0, 12, beam=1) == greedy(model, src, 1, 2, 0, 12)
+    for hyp in beam_search(model, src, 1, 2, 0, 12, beam=4):
+        assert len(hyp) <= 12 and 2 not in hyp and 0 not in hyp
+
+
+# --- downloads, against a loopback server ---------------------------------------------------------
+
+class _Server:
+    """Serves `files` (name -> bytes) on 127.0.0.1; `cut` names files sent half, with the whole
+    length announced."""
+
+    def __init__(self, files, cut=()):
+        self.files, self.cut, self.requests = files, set(cut), []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                name = self.path.rsplit("/", 1)[-1]
+                outer.requests.append(name)
+                if name not in outer.files:
+                    self.send_error(404)
+                    return
+                body = outer.files[name]
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[:len(body) // 2] if name in outer.cut else body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/raw/"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(corpus_dir):
+    files = {p.name: p.read_bytes() for p in corpus_dir.iterdir()}
+    s = _Server(files, cut={"val.en"})
+    yield s
+    s.close()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_download_then_reuse_without_the_network(server, tmp_path):
+    names = ["train.de.gz", "train.en.gz", "val.de"]
+    corpus = RemoteCorpus("toy", server.url, {n: _sha(server.files[n]) for n in names})
+    folder = ensure_corpus(corpus, tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(names)
+    assert all((folder / n).read_bytes() == server.files[n] for n in names)
+    server.requests.clear()
+    assert ensure_corpus(corpus, tmp_path) == folder and server.requests == []
+
+
+def test_a_checksum_mismatch_or_a_cut_transfer_leaves_nothing(server, tmp_path):
+    with pytest.raises(DataError, match="val.de downloaded from .* has SHA-256"):
+        fetch(server.url + "val.de", tmp_path / "val.de", _sha(b"something else"))
+    with pytest.raises(DataError, match="was cut"):
+        fetch(server.url + "val.en", tmp_path / "val.en", _sha(server.files["val.en"]))
+    with pytest.raises(DataError, match="404"):
+        fetch(server.url + "nope.de", tmp_path / "nope.de", _sha(b""))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_multi30k_from_a_server_with_other_files_is_refused_by_name(stabexp_cli, server):
+    """task=multi30k checks each download against the pinned SHA-256: the loopback server's
+    files are not Multi30k's, so the first one is refused, and the cache stays empty."""
+    cache = Path(os.environ["STABEXP_DATA"])
+    before = _tree(cache)
+    r = stabexp_cli("run", *TINY, "task=multi30k", f"task.url={server.url}")
+    _one_line_error(r, "train.de.gz", "SHA-256", "expected 726e39b2")
+    assert _tree(cache) == before and not stabexp_cli.outputs.exists()
+    assert server.requests == ["train.de.gz"]
