@@ -95,6 +95,42 @@ def test_bad_input_is_one_clear_line(stabexp_cli, args, words):
     assert not stabexp_cli.outputs.exists() or not any(stabexp_cli.outputs.rglob("metrics.csv"))
 
 
+def _job_groups_and_depths(outputs):
+    sweep = next((outputs / "multirun").iterdir())
+    summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
+    assert all(s["status"] == "completed" for s in summaries)
+    return sorted((s["group"], s["depth"]) for s in summaries)
+
+
+@pytest.mark.parametrize("sweep, jobs", [
+    (["group=glob(post*)"], [("postln", 2), ("postln_init", 2), ("postln_warmup", 2)]),
+    (["group=glob(*,exclude=[post*,admin,deepnorm])"], [("preln", 2)]),
+    (["group=glob(*,exclude=postln*)", "depth=range(1,3)"],
+     [(g, d) for g in ("admin", "deepnorm", "preln") for d in (1, 2)]),
+    (["group=choice(admin,deepnorm)"], [("admin", 2), ("deepnorm", 2)]),
+    (["group='admin','preln'"], [("admin", 2), ("preln", 2)]),
+])
+def test_every_sweep_form_of_the_basic_sweeper_runs(stabexp_cli, sweep, jobs):
+    r = stabexp_cli("run", "-m", *TINY, "train.steps=1", "probe.enabled=false", *sweep)
+    assert r.returncode == 0, r.stderr
+    assert _job_groups_and_depths(stabexp_cli.outputs) == jobs
+
+
+@pytest.mark.parametrize("args, words", [
+    (["depth=glob(*)"], ["depth=glob(*)", "not one", "range()"]),
+    (["group=glob(nothing*)"], ["matches no group", "postln_warmup"]),
+    (["group=glob(*,exclude=[*])"], ["matches no group"]),
+    (["train.lr=interval(1e-4,1e-2)"], ["interval", "basic sweeper", "optuna"]),
+    (["depth=range(0,2)"], ["depth=0", ">= 1"]),
+    (["group=choice(postln,nope)"], ["group=nope", "admin"]),
+    (["group=glob(*)", "depth=choice(2,-1)"], ["depth=-1", ">= 1"]),
+])
+def test_a_sweep_form_with_a_bad_value_is_one_line(stabexp_cli, args, words):
+    r = stabexp_cli("run", "-m", *args)
+    _one_line_error(r, *words)
+    assert r.returncode == 2 and not stabexp_cli.outputs.exists()
+
+
 def test_bad_input_does_not_touch_a_finished_run(stabexp_cli):
     assert stabexp_cli("run", *TINY).returncode == 0
     run = next((stabexp_cli.outputs / "runs").iterdir())

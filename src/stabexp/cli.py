@@ -101,18 +101,13 @@ def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = T
 
     from stabexp.data import prepare
 
-    parser = OverridesParser.create()
-
     def parse(lines):
+        # With Hydra's config loader, as its sweepers parse: glob() lists a config group's options.
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
         try:
             return parser.parse_overrides(lines)
         except Exception as err:
             raise ConfigError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
-
-    def values_of(parsed):
-        return [[f"{o.get_key_element()}={v}" for v in
-                 (o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()])]
-                for o in parsed]
 
     def compose_one(parsed, combo, **kwargs):
         try:
@@ -123,11 +118,11 @@ def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = T
             i = next((i for i, line in enumerate(combo) if _is_culprit(line, err)), 0)
             raise ConfigError(_explain(parsed[i], combo[i], err)) from None
 
-    parsed = parse(overrides)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            first = [c[0] for c in values_of(parsed)]
+            parsed = parse(overrides)
+            first = [c[0] for c in _values_of(parsed)]
             hydra_cfg = compose_one(parsed, first, return_hydra_config=True).hydra
             multirun = multirun or str(hydra_cfg.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
             sweeps = [o for o in parsed if o.is_sweep_override()]
@@ -138,7 +133,12 @@ def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = T
             preset = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()
                       if k not in on_cli] if multirun else []
             parsed = parsed + parse(preset)
-            candidates = values_of(parsed)
+            candidates = _values_of(parsed)
+            sampled = [o for o in parsed if o.is_sweep_override() and not o.is_discrete_sweep()]
+            if sampled and str(hydra_cfg.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+                raise ConfigError(f"{sampled[0].input_line}: Hydra's basic sweeper cannot sample an interval; it "
+                                  "takes comma lists, range(), choice() and glob() (interval() needs a sampling "
+                                  "sweeper such as hydra/sweeper=optuna)")
             # Every value of every override, the others at their first value.
             to_check = [[c[0] for c in candidates]]
             for i, c in enumerate(candidates):
@@ -155,6 +155,39 @@ def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = T
     finally:
         GlobalHydra.instance().clear()
     return multirun
+
+
+def _values_of(parsed) -> List[List[str]]:
+    """`key=value` for every value each override takes: one, or each of a sweep's (an interval,
+    which a sampling sweeper draws from, by its two ends)."""
+    from hydra.errors import HydraException
+
+    values = []
+    for o in parsed:
+        key = o.get_key_element()
+        try:
+            if not o.is_sweep_override():
+                these = [o.get_value_element_as_str()]
+            elif o.is_discrete_sweep():
+                these = list(o.sweep_string_iterator())
+            else:
+                these = [str(o.value().start), str(o.value().end)]
+        except HydraException as err:
+            raise ConfigError(f"{o.input_line}: {str(err).splitlines()[0]}") from None
+        if not these:
+            raise ConfigError(_empty_sweep(o))
+        values.append([f"{key}={v}" for v in these])
+    return values
+
+
+def _empty_sweep(override) -> str:
+    """A sweep with no value: a glob() that matched nothing, or glob() on a key that is not a
+    config group (Hydra would run no job at all)."""
+    key = override.get_key_element().lstrip("+~")
+    if key in _CONFIG_GROUPS:
+        return f"{override.input_line} matches no {key}: choose from {', '.join(_choices(key))}"
+    return (f"{override.input_line}: glob() sweeps the options of a config group ({', '.join(_CONFIG_GROUPS)}) "
+            f"and {key} is not one: sweep its values with a comma list, range() or choice()")
 
 
 def _is_culprit(line: str, err: Exception) -> bool:

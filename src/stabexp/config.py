@@ -44,7 +44,8 @@ def run_name(overrides) -> str:
     same sweep) finds the same folder. Hydra gives the overrides as `key=value` strings."""
     # `overwrite` says what to do with the folder, so it must not change which folder it is.
     parts = sorted(str(o) for o in overrides if not str(o).startswith(("hydra", "overwrite=", "+overwrite=")))
-    name = "__".join(parts).replace("/", "-").replace(" ", "") or "default"
+    # Quotes of quoted values would end the quoted hydra.sweep.dir the CLI passes to Hydra.
+    name = "__".join(parts).replace("/", "-").replace(" ", "").replace("'", "").replace('"', "") or "default"
     if len(name) > 150:  # keep under file-system limits, stay deterministic
         import hashlib
 
