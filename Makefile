@@ -8,7 +8,8 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 # The presets of conf/experiment, cheapest first; `make reproduce SCALE=quick` for a quick pass.
-PRESETS := admin_output_change grad_at_init deepnet_early deepnet_depth depth_table smd
+# multi30k_table downloads Multi30k into $STABEXP_DATA on first use.
+PRESETS := admin_output_change grad_at_init deepnet_early deepnet_depth depth_table smd multi30k_table
 SCALE   ?= default
 
 .PHONY: install run reproduce docs-figures test plots bench
@@ -27,7 +28,7 @@ run: install
 	$(BIN)/python scripts/make_plots.py
 	@echo "Run folders: outputs/multirun/experiment=deepnet_early/ ; figures: outputs/figures/"
 
-# Every preset (about an hour on 2 cores at the default scale), then every figure.
+# Every preset (about three hours on 2 cores at the default scale), then every figure.
 reproduce: install
 	for p in $(PRESETS); do \
 	  $(BIN)/stabexp run experiment=$$p $(if $(filter-out default,$(SCALE)),scale=$(SCALE)) || exit 1; \

@@ -63,6 +63,19 @@ def test_every_group_translates_and_reports_bleu(make_cfg, corpus_dir, tmp_path,
     assert summary["data"]["splits"]["test"]["pairs"] == 20 and summary["chance_loss"] > 0
 
 
+def test_every_probe_runs_on_padded_batches(make_cfg, corpus_dir, tmp_path):
+    cfg = make_cfg(*translation_overrides(corpus_dir), "group=admin", "train.steps=2", "probe.at_init=true",
+                   "probe.weights=true", "model.dropout=0.1")
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "completed" and summary["constants"]["admin_omega"]["encoder"][1] > 1
+    metrics = pd.read_csv(tmp_path / "metrics.csv").set_index("step")
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    assert metrics.loc[0, "output_change"] > 0 and metrics.loc[0, "grad_norm"] > 0
+    sublayers = layers[layers.param.isna()]
+    assert sublayers[sublayers.step == 0].input_change.gt(0).all()
+    assert sublayers.ln_input_norm.gt(0).all() and layers[layers.param.notna()].weight_norm.gt(0).all()
+
+
 def test_test_bleu_equals_the_sacrebleu_command_line_on_the_saved_translations(make_cfg, corpus_dir, tmp_path):
     """The saved hypotheses scored by sacreBLEU's own CLI give the summary's test_bleu; and a run
     that learnt something translates the toy corpus better than chance."""

@@ -38,6 +38,12 @@ class TransformerConfig:
     pad_id: Optional[int] = None  # padding token of variable-length batches; None: no masks
 
 
+def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
+    """Mean of per-token values (B, T) over the real tokens (`tokens`, bool (B, T)), or over
+    every position when there is no padding (tokens None). No host sync."""
+    return values.mean() if tokens is None else (values * tokens).sum() / tokens.sum()
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with one fused QKV matrix. Init rules address W_Q, W_K, W_V
     as row blocks of `qkv.weight` (see `matrices`), so per-matrix rules stay exact."""
@@ -140,8 +146,7 @@ class Residual(nn.Module):
     def _ln(self, x: torch.Tensor) -> torch.Tensor:
         if self.record_ln_input:
             # DeepNet Fig. 3(b,c): mean over (real) tokens of the L2 norm of the LN input.
-            norms, mask = x.detach().norm(dim=-1), self.ln_input_mask
-            self.ln_input_norm = norms.mean() if mask is None else (norms * mask).sum() / mask.sum()
+            self.ln_input_norm = token_mean(x.detach().norm(dim=-1), self.ln_input_mask)
         return self.ln(x)
 
 

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from stabexp.model.transformer import Seq2SeqTransformer
+from stabexp.model.transformer import Seq2SeqTransformer, token_mean
 
 
 def model_update(features: torch.Tensor, features_init: torch.Tensor,
@@ -21,10 +21,7 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
     The Frobenius norm of the whole batch would grow like sqrt(B T); this does not, so the
     value does not depend on the probe batch size (DeepNet does not state its normalisation).
     With `tokens` (B, T), the mean runs over the real (unpadded) target tokens only."""
-    diff = features - features_init
-    if tokens is None:
-        return torch.linalg.vector_norm(diff) / diff[..., 0].numel() ** 0.5
-    return ((diff.pow(2).sum(-1) * tokens).sum() / tokens.sum()).sqrt()
+    return token_mean((features - features_init).pow(2).sum(-1), tokens).sqrt()
 
 
 class LayerProbe:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stabexp.model.transformer import Seq2SeqTransformer
+from stabexp.model.transformer import Seq2SeqTransformer, token_mean
 from stabexp.probes import LayerProbe
 
 PERTURBATION = 1e-4  # Admin / Clinic: delta = 1e-4 * sign(N(0, 1))
@@ -31,8 +31,7 @@ def perturbed_parameters(model: Seq2SeqTransformer) -> List[nn.Parameter]:
 
 def _per_token_sq_change(a: torch.Tensor, b: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
     # Mean over (real) tokens of the squared L2 change: independent of the batch size, like model_update.
-    sq = (a - b).pow(2).sum(-1)
-    return sq.mean() if tokens is None else (sq * tokens).sum() / tokens.sum()
+    return token_mean((a - b).pow(2).sum(-1), tokens)
 
 
 @torch.no_grad()
