@@ -124,6 +124,7 @@ def test_every_sweep_form_of_the_basic_sweeper_runs(stabexp_cli, sweep, jobs):
     (["depth=range(0,2)"], ["depth=0", ">= 1"]),
     (["group=choice(postln,nope)"], ["group=nope", "admin"]),
     (["group=glob(*)", "depth=choice(2,-1)"], ["depth=-1", ">= 1"]),
+    (["group=glob(*)", "--cfg", "job"], ["--cfg", "-m"]),
 ])
 def test_a_sweep_form_with_a_bad_value_is_one_line(stabexp_cli, args, words):
     r = stabexp_cli("run", "-m", *args)

@@ -22,9 +22,8 @@ from stabexp.data.batching import collate, length_batches
 from stabexp.data.corpus import DataError, read_split
 from stabexp.data.download import RemoteCorpus, ensure_corpus, fetch
 from stabexp.data.subwords import learn_or_load
-from stabexp.data.translation import corpus_bleu
 from stabexp.model import build_model, initialise
-from stabexp.model.generate import beam_search, greedy
+from stabexp.model.generate import beam_search, greedy, max_output_len
 from stabexp.probes import LayerProbe, model_update
 from stabexp.train.trainer import train
 
@@ -58,6 +57,7 @@ def test_every_group_translates_and_reports_bleu(make_cfg, corpus_dir, tmp_path,
     assert evals.valid_bleu.isna().tolist() == [True, False, False]  # no BLEU before the first update
     assert evals.valid_bleu[1:].between(0, 100).all()
     assert 0 <= summary["test_bleu"] <= 100 and summary["bleu_signature"].startswith("nrefs:1|")
+    assert summary["finish_seconds"] > 0 and summary["wall_seconds"] >= evals.elapsed_s.max()  # test decoding apart
     translations = pd.read_csv(tmp_path / "test_translations.tsv", sep="\t", keep_default_na=False)
     assert list(translations.columns) == ["source", "hypothesis", "reference"] and len(translations) == 20
     assert summary["data"]["splits"]["test"]["pairs"] == 20 and summary["chance_loss"] > 0
@@ -83,20 +83,13 @@ def test_test_bleu_equals_the_sacrebleu_command_line_on_the_saved_translations(m
                    "train.lr=3e-3", "model.d_model=32", "model.ffn_dim=64", "probe.enabled=false")
     summary = train(cfg, tmp_path)
     translations = pd.read_csv(tmp_path / "test_translations.tsv", sep="\t", keep_default_na=False)
+    assert not translations.hypothesis.str.contains("\u2581").any()  # detokenised: no SentencePiece marks
     (tmp_path / "hyp.txt").write_text("".join(h + "\n" for h in translations.hypothesis), encoding="utf-8")
-    (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in translations.reference), encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref.txt"), "-i", str(tmp_path / "hyp.txt"),
+    reference = corpus_dir / "test_2016_flickr.en"  # the raw file, not what the run wrote
+    out = subprocess.run([sys.executable, "-m", "sacrebleu", str(reference), "-i", str(tmp_path / "hyp.txt"),
                           "-b", "-w", "6"], capture_output=True, text=True, check=True)
     assert summary["test_bleu"] == pytest.approx(float(out.stdout.strip()), abs=1e-5)
     assert summary["test_bleu"] > 30
-
-
-def test_bleu_is_sacrebleus_corpus_score():
-    import sacrebleu
-
-    hyps = ["A man runs in the park.", "Two boys wait on the beach .", "A dog"]
-    refs = ["A man runs in the park.", "Two boys are waiting on the beach.", "A dog sleeps in the snow."]
-    assert corpus_bleu(hyps, refs) == sacrebleu.corpus_bleu(hyps, [refs]).score
 
 
 def test_dropped_pairs_are_counted_and_the_batches_hold_the_token_budget(make_cfg, tmp_path):
@@ -141,6 +134,20 @@ def test_bad_corpus_is_one_line_and_writes_nothing(stabexp_cli, tmp_path, damage
     assert not stabexp_cli.outputs.exists() and _tree(cache) == before
 
 
+def test_every_pair_too_long_is_one_line_before_any_folder(stabexp_cli, corpus_dir):
+    r = stabexp_cli("run", *TINY, *translation_overrides(corpus_dir), "task.max_len=3")
+    _one_line_error(r, "task.max_len=3", "every training pair")
+    assert not stabexp_cli.outputs.exists()
+
+
+def test_a_bad_sweep_value_stops_before_the_data_is_prepared(stabexp_cli, corpus_dir):
+    cache = Path(os.environ["STABEXP_DATA"])
+    before = _tree(cache)
+    r = stabexp_cli("run", "-m", *TINY, *translation_overrides(corpus_dir), "task.vocab_size=123", "depth=2,0")
+    _one_line_error(r, "depth=0")
+    assert _tree(cache) == before and not stabexp_cli.outputs.exists()
+
+
 def test_missing_folder_and_refused_vocabulary_are_one_line(stabexp_cli, corpus_dir):
     r = stabexp_cli("run", *TINY, *translation_overrides(corpus_dir / "nope"))
     _one_line_error(r, "is not a folder")
@@ -159,32 +166,39 @@ def test_missing_folder_and_refused_vocabulary_are_one_line(stabexp_cli, corpus_
 # --- subwords ----------------------------------------------------------------------------------
 
 def _learn(folder, cache, langs=("de", "en"), size=200):
+    """As load_corpus learns it: lines of the languages in sorted order."""
     train = read_split(folder, "train", *langs)
-    return learn_or_load([train.src_file, train.tgt_file], [*train.src, *train.tgt], "toy", langs, "bpe",
-                         size, [cache])
+    by_lang = {langs[0]: train.src, langs[1]: train.tgt}
+    return learn_or_load([train.src_file, train.tgt_file], [x for lang in sorted(by_lang) for x in by_lang[lang]],
+                         "toy", langs, "bpe", size, [cache])
 
 
 def test_subwords_are_cached_keyed_and_shared_by_both_directions(corpus_dir, tmp_path):
     first = _learn(corpus_dir, tmp_path)
     data = first.path.read_bytes()
     assert _learn(corpus_dir, tmp_path).path == first.path and first.path.read_bytes() == data
-    assert _learn(corpus_dir, tmp_path, langs=("en", "de")).path == first.path
     assert _learn(corpus_dir, tmp_path, size=150).path != first.path
-    # Learning again from scratch gives the same bytes.
+    # Learning again from scratch gives the same bytes, in either direction.
     again = _learn(corpus_dir, tmp_path / "other")
     assert again.path.read_bytes() == data
+    reverse = _learn(corpus_dir, tmp_path / "reverse", langs=("en", "de"))
+    assert reverse.path.name == first.path.name and reverse.path.read_bytes() == data
     text = "Ein kleines Mädchen spielt im Schnee."
     assert first.decode(first.encode([text])) == [text]
 
 
 def test_parallel_jobs_learning_one_tokenizer_do_not_race(corpus_dir, tmp_path):
-    code = ("import sys; sys.path.insert(0, {tests!r}); from pathlib import Path;"
-            "from test_translation import _learn; print(_learn(Path({corpus!r}), Path({cache!r})).path)")
+    """Four processes learn the same tokenizer at once into an empty cache: each ends up with the
+    same model (what it learnt or what it found), and the cache holds that one file, whole."""
+    code = ("import sys, hashlib; sys.path.insert(0, {tests!r}); from pathlib import Path;"
+            "from test_translation import _learn; s = _learn(Path({corpus!r}), Path({cache!r}));"
+            "print(hashlib.sha256(s.sp.serialized_model_proto()).hexdigest())")
     code = code.format(tests=str(Path(__file__).parent), corpus=str(corpus_dir), cache=str(tmp_path / "cache"))
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
-    paths = {p.communicate(timeout=120)[0].strip() for p in procs}
-    assert all(p.returncode == 0 for p in procs) and len(paths) == 1
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [Path(paths.pop()).name]  # no partial files
+    learnt = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(learnt) == 1
+    files = list((tmp_path / "cache").iterdir())  # no partial files left
+    assert len(files) == 1 and hashlib.sha256(files[0].read_bytes()).hexdigest() == learnt.pop()
 
 
 # --- batches and padding -------------------------------------------------------------------------
@@ -207,7 +221,7 @@ def test_length_batches_cover_the_epoch_within_the_budget():
 def _padded_model(make_cfg, group):
     cfg = make_cfg(f"group={group}", "depth=2", "decoder_depth=3")
     torch.manual_seed(0)
-    model = build_model(cfg, 20, pad_id=0)
+    model = build_model(cfg, 20, pad_id=0, max_positions=24)
     src = collate([[5, 6, 7], [8, 9, 10, 11, 12, 13, 14]], [[4, 5], [6, 7, 8, 9, 10, 11]], 1, 2, 0,
                   torch.device("cpu"))
     initialise(model, cfg.group.init, lambda: src)
@@ -240,8 +254,8 @@ def test_probes_and_admin_profiling_count_real_tokens_only(make_cfg, group):
     f, norms = probe.features_with_ln_norms(*batch[:2])
     f_wide, norms_wide = probe.features_with_ln_norms(*wide[:2])
     torch.testing.assert_close(norms_wide, norms, rtol=1e-5, atol=1e-6)
-    tokens = model.token_masks(*batch[:2])[1]
-    tokens_wide = model.token_masks(*wide[:2])[1]
+    tokens = model.feature_mask(*batch[:2])
+    tokens_wide = model.feature_mask(*wide[:2])
     moved = f + 0.1 * torch.arange(f.numel()).view_as(f).sin()
     moved_wide = torch.cat([moved, f_wide[:, f.shape[1]:] + 7.0], dim=1)  # padding moves a lot
     torch.testing.assert_close(model_update(moved_wide, f_wide, tokens_wide),
@@ -256,12 +270,16 @@ def test_probes_and_admin_profiling_count_real_tokens_only(make_cfg, group):
             assert narrow[stack] == pytest.approx(padded[stack], rel=1e-5)
 
 
-def test_beam_of_one_is_greedy_and_beams_end_with_eos(make_cfg):
+def test_beam_of_one_is_greedy_and_outputs_are_real_tokens(make_cfg):
     model = _padded_model(make_cfg, "preln")
     src = collate([[5, 6, 7], [8, 9, 10, 11, 12]], [[4], [4]], 1, 2, 0, torch.device("cpu"))[0]
     assert beam_search(model, src, 1, 2, 0, 12, beam=1) == greedy(model, src, 1, 2, 0, 12)
-    for hyp in beam_search(model, src, 1, 2, 0, 12, beam=4):
-        assert len(hyp) <= 12 and 2 not in hyp and 0 not in hyp
+    for hyp in beam_search(model, src, 1, 2, 0, 12, beam=4) + greedy(model, src, 1, 2, 0, 12):
+        assert len(hyp) <= 12 and not {0, 1, 2} & set(hyp)  # no PAD, BOS or EOS inside
+    # Up to the last position of the sinusoidal table: BOS + limit tokens = max_len positions.
+    limit = max_output_len(1000, model.config.max_len)
+    assert limit == model.config.max_len - 1
+    assert len(greedy(model, src, 1, 2, 0, limit)) == 2 and len(beam_search(model, src, 1, 2, 0, limit, 3)) == 2
 
 
 # --- downloads, against a loopback server ---------------------------------------------------------

@@ -78,7 +78,6 @@ class BaselineLoop:
         torch.manual_seed(seed)
         self.task = task = make_task(cfg, device)
         self.d, self.pad, self.device = d, task.pad_id, device
-        self.label_smoothing = cfg.train.label_smoothing
         self.embed = nn.Embedding(task.vocab_size, d).to(device)
         self.positions = sinusoidal_positions(task.max_positions, d).to(device)
         self.transformer = nn.Transformer(d, heads, depth, depth, ffn, dropout=cfg.model.dropout,
@@ -100,9 +99,7 @@ class BaselineLoop:
             src_pad, tgt_pad = src == self.pad, tgt_in == self.pad
             out = self.transformer(x, y, tgt_mask=causal, tgt_is_causal=True, src_key_padding_mask=src_pad,
                                    tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
-        loss = F.cross_entropy(F.linear(out, self.embed.weight).flatten(0, 1), tgt_out.flatten(),
-                               ignore_index=-100 if self.pad is None else self.pad,
-                               label_smoothing=self.label_smoothing)
+        loss = self.task.loss(F.linear(out, self.embed.weight), tgt_out)  # the same loss as stabexp's
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -239,7 +236,7 @@ def _peak_rss_kib() -> int:
 def measure_memory(variant: str, size: str, depth: int, task: List[str], device: torch.device,
                    window: int) -> float:
     cmd = [sys.executable, "-m", "stabexp.bench", "--memory-child", variant, size, str(depth),
-           ",".join(task), device.type, str(window)]
+           json.dumps(task), device.type, str(window)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -307,7 +304,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.memory_child:
         v, size, depth, task, dev, window = args.memory_child
-        print(_peak_memory_child(v, size, int(depth), task.split(","), dev, int(window)))
+        print(_peak_memory_child(v, size, int(depth), json.loads(task), dev, int(window)))
         return 0
     sizes = [s for s in args.sizes.split(",") if s]
     bad = [s for s in sizes if s not in SIZES]

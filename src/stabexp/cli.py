@@ -144,14 +144,14 @@ def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = T
             for i, c in enumerate(candidates):
                 for v in c[1:]:
                     to_check.append([*to_check[0][:i], v, *to_check[0][i + 1:]])
-            prepared = set()
+            tasks = {}
             for combo in to_check:
                 cfg = compose_one(parsed, combo)
                 validate(cfg)
-                data_key = OmegaConf.to_yaml(cfg.task)
-                if prepare_data and data_key not in prepared:
-                    prepare(cfg)  # the corpus and its subwords, once, before any job starts
-                    prepared.add(data_key)
+                tasks.setdefault(OmegaConf.to_yaml(cfg.task), cfg)
+            if prepare_data:  # every value is good: now the data, once per task, before any job starts
+                for cfg in tasks.values():
+                    prepare(cfg)
     finally:
         GlobalHydra.instance().clear()
     return multirun
@@ -221,10 +221,15 @@ def _hydra_main():
 
 def cmd_run(args: List[str]) -> int:
     ours, hydra_overrides, multirun, wants_help = _split_args(args)
+    prints_config = bool({"--cfg", "-c"} & set(args))
+    if prints_config and multirun:  # Hydra's own rule, which it reports with a traceback
+        print("stabexp: error: --cfg prints the config of one run and cannot go with -m: drop -m "
+              "(and give each swept key one value)", file=sys.stderr)
+        return 2
     if not wants_help:
         try:
             # Printing the config (--cfg) needs no data.
-            multirun = check_overrides(ours, multirun, prepare_data=not ({"--cfg", "-c"} & set(args)))
+            multirun = check_overrides(ours, multirun, prepare_data=not prints_config)
         except ConfigError as err:
             print(f"stabexp: error: {err}", file=sys.stderr)
             return 2

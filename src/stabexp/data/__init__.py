@@ -14,13 +14,13 @@ KINDS = ("reverse", "teacher", "translation")
 
 def make_task(cfg, device) -> Task:
     """The task a run's config describes (cfg.task, with the batch settings of cfg.train)."""
-    t, sizes = cfg.task, {"batch_size": cfg.train.batch_size, "eval_batch_size": cfg.task.eval_batch_size,
-                          "probe_batch_size": cfg.task.probe_batch_size,
-                          "label_smoothing": cfg.train.label_smoothing}
+    t = cfg.task
     if t.kind == "translation":
         from stabexp.data.translation import TranslationTask
 
         return TranslationTask(cfg, device)
+    sizes = {"batch_size": cfg.train.batch_size, "eval_batch_size": t.eval_batch_size,
+             "probe_batch_size": t.probe_batch_size, "label_smoothing": cfg.train.label_smoothing}
     if t.kind == "teacher":
         return TeacherTask(t.in_dim, t.classes, cfg.seed, device, t.label_noise, **sizes)
     return ReverseTask(t.vocab_size, t.seq_len, cfg.seed, device, **sizes)

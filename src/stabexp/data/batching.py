@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence
+from typing import List, Sequence
 
 import torch
 
@@ -42,18 +42,13 @@ class BatchStream:
         self.src_lens, self.tgt_lens = src_lens, tgt_lens
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.generator = torch.Generator().manual_seed(seed)
-        self.epoch = 0
-        self._batches: Iterator[torch.Tensor] = iter(())
+        self._batches: List[torch.Tensor] = []
 
     def __next__(self) -> torch.Tensor:
-        for _ in range(2):
-            batch = next(self._batches, None)
-            if batch is not None:
-                return batch
-            self.epoch += 1
-            self._batches = iter(length_batches(self.src_lens, self.tgt_lens, self.max_tokens,
-                                                self.max_sentences, self.generator))
-        raise RuntimeError("a training split without pairs")  # the corpus checks rule it out
+        if not self._batches:  # a new epoch (the corpus checks rule out an empty split)
+            self._batches = length_batches(self.src_lens, self.tgt_lens, self.max_tokens, self.max_sentences,
+                                           self.generator)[::-1]
+        return self._batches.pop()
 
 
 def collate(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], bos: int, eos: int, pad: int,

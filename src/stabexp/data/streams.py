@@ -7,7 +7,7 @@ from typing import Dict, Optional
 
 import torch
 
-from stabexp.data.task import Batch, Task, token_stats
+from stabexp.data.task import Batch, Task, eval_mode, token_stats
 
 
 class SeededStreams(Task):
@@ -54,8 +54,6 @@ class SeededStreams(Task):
 
     def evaluate(self, model, step: int = 0) -> Dict[str, float]:
         """Teacher-forced loss and token accuracy on the fixed held-out batch."""
-        was_training = model.training
-        model.eval()
-        nll, correct, tokens = token_stats(model, self, self.eval_batch()).tolist()
-        model.train(was_training)
+        with eval_mode(model):
+            nll, correct, tokens = token_stats(model, self.eval_batch()).tolist()
         return {"eval_loss": nll / tokens, "eval_acc": correct / tokens}

@@ -8,6 +8,7 @@ batches pads them with `pad_id` on the right; the loss and the probes skip those
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -23,6 +24,7 @@ class Task:
     label_smoothing: float = 0.0   # of the training loss only; eval losses are plain NLL
     max_positions: int = 512       # the longest sequence the model must embed
     target_tokens: int = 0         # real target tokens in the training batches drawn so far
+    eval_columns: Tuple[str, ...] = ("eval_loss", "eval_acc")  # what `evaluate` returns
 
     @property
     def chance_loss(self) -> float:
@@ -41,17 +43,19 @@ class Task:
         """The fixed input x of the probes, the same at every call."""
         raise NotImplementedError
 
-    def loss(self, logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: Optional[float] = None):
-        """Cross-entropy, mean over real target tokens (padding ignored), label-smoothed as
-        in Szegedy et al. 2016 / fairseq's label_smoothed_cross_entropy unless told otherwise."""
-        ls = self.label_smoothing if label_smoothing is None else label_smoothing
-        return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), label_smoothing=ls,
+    def loss(self, logits: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
+        """The training loss: cross-entropy, mean over real target tokens (padding ignored),
+        label-smoothed (Szegedy et al. 2016; fairseq's label_smoothed_cross_entropy)."""
+        return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), label_smoothing=self.label_smoothing,
                                ignore_index=-100 if self.pad_id is None else self.pad_id)
 
     def evaluate(self, model, step: int = 0) -> Dict[str, float]:
-        """The eval columns of metrics.csv (eval_loss, eval_acc, ...) for the model after `step`
-        updates."""
+        """The eval columns of metrics.csv (`eval_columns`) for the model after `step` updates."""
         raise NotImplementedError
+
+    def summarise_eval(self, row: Dict[str, float], summary: Dict) -> None:
+        """Fold an eval row into the run's summary, beyond the eval loss and accuracy every task
+        has (the trainer keeps those)."""
 
     def finish(self, model, out_dir: Path) -> Dict:
         """After a completed run: extra summary fields (and files in out_dir)."""
@@ -62,13 +66,25 @@ class Task:
         return {}
 
 
+@contextmanager
+def eval_mode(model):
+    """The model in eval mode (no dropout) inside the block, as it was after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
-def token_stats(model, task: Task, batch: Batch) -> torch.Tensor:
+def token_stats(model, batch: Batch) -> torch.Tensor:
     """(summed NLL, correct predictions, real target tokens) of one batch, teacher-forced, on
     device: callers add batches up and sync once."""
     src, tgt_in, tgt_out = batch
     logits = model(src, tgt_in)
     nll = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), reduction="none")
-    real = (tgt_out != task.pad_id).flatten().float() if task.pad_id is not None else torch.ones_like(nll)
+    real = model.feature_mask(src, tgt_in)
+    real = torch.ones_like(nll) if real is None else real.flatten().float()
     correct = (logits.argmax(-1).flatten() == tgt_out.flatten()).float() * real
     return torch.stack([(nll * real).sum(), correct.sum(), real.sum()])

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Sequence
 
 import torch
 
@@ -20,17 +20,25 @@ from stabexp.data.batching import BatchStream, collate, sources
 from stabexp.data.corpus import DataError, ParallelSplit, read_split
 from stabexp.data.download import CORPORA, data_root, ensure_corpus
 from stabexp.data.subwords import BOS, EOS, PAD, Subwords, learn_or_load, tokenizer_caches
-from stabexp.data.task import Task, token_stats
+from stabexp.data.task import Task, eval_mode, token_stats
 from stabexp.model.generate import beam_search, greedy, max_output_len
 
 ROLES = ("train", "valid", "test")
 
 
 @dataclass
+class EncodedSplit:
+    text: ParallelSplit                # the lines as read (references are scored against these)
+    src: List[List[int]]               # subword ids, one list per kept pair
+    tgt: List[List[int]]
+    counts: Dict[str, int] = field(default_factory=dict)  # for summary.json
+
+
+@dataclass
 class Corpus:
     folder: Path
-    splits: Dict[str, ParallelSplit]   # by role: train, valid, test
     subwords: Subwords
+    splits: Dict[str, EncodedSplit]    # by role: train, valid, test
 
 
 def corpus_folder(task_cfg) -> Path:
@@ -41,16 +49,41 @@ def corpus_folder(task_cfg) -> Path:
 
 
 def load_corpus(task_cfg) -> Corpus:
-    """Read and check the three splits and learn (or load) the subword vocabulary. Raises
-    DataError before anything is written when the data or the vocabulary size is bad."""
+    """Read and check the three splits, learn (or load) the subword vocabulary and encode. Raises
+    DataError before anything but the download and the tokenizer cache is written."""
     folder = corpus_folder(task_cfg)
     names = {"train": task_cfg.train_split, "valid": task_cfg.valid_split, "test": task_cfg.test_split}
-    splits = {role: read_split(folder, names[role], task_cfg.src_lang, task_cfg.tgt_lang) for role in ROLES}
-    train = splits["train"]
-    subwords = learn_or_load([train.src_file, train.tgt_file], [*train.src, *train.tgt],
-                             task_cfg.download or folder.name, [task_cfg.src_lang, task_cfg.tgt_lang],
-                             task_cfg.subword, task_cfg.vocab_size, tokenizer_caches(data_root()))
-    return Corpus(folder, splits, subwords)
+    text = {role: read_split(folder, names[role], task_cfg.src_lang, task_cfg.tgt_lang) for role in ROLES}
+    train = text["train"]
+    by_lang = {task_cfg.src_lang: train.src, task_cfg.tgt_lang: train.tgt}
+    subwords = learn_or_load([train.src_file, train.tgt_file],
+                             [line for lang in sorted(by_lang) for line in by_lang[lang]],  # either direction alike
+                             task_cfg.download or folder.name, sorted(by_lang), task_cfg.subword,
+                             task_cfg.vocab_size, tokenizer_caches(data_root()))
+    splits = {role: _encode(text[role], subwords, task_cfg.max_len, drop=role == "train") for role in ROLES}
+    if not splits["train"].src:
+        raise DataError(f"every training pair of {folder} is empty on a side or longer than "
+                        f"task.max_len={task_cfg.max_len} subwords: raise task.max_len")
+    return Corpus(folder, subwords, splits)
+
+
+def _encode(split: ParallelSplit, subwords: Subwords, limit: int, drop: bool) -> EncodedSplit:
+    """Subword ids of a split. Training pairs with an empty side or a side over `limit` are
+    dropped; validation and test keep every pair (their scores cover the whole split), a side
+    over the limit being cut to it."""
+    src, tgt = subwords.encode(split.src), subwords.encode(split.tgt)
+    counts = {"pairs_in_files": len(src)}
+    if drop:
+        empty = [not s or not t for s, t in zip(src, tgt)]
+        long = [not e and (len(s) > limit or len(t) > limit) for e, s, t in zip(empty, src, tgt)]
+        keep = [i for i in range(len(src)) if not empty[i] and not long[i]]
+        counts.update(dropped_empty=sum(empty), dropped_long=sum(long))
+        src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+    else:
+        counts["truncated"] = sum(len(s) > limit or len(t) > limit for s, t in zip(src, tgt))
+        src, tgt = [s[:limit] for s in src], [t[:limit] for t in tgt]
+    counts.update(pairs=len(src), src_tokens=sum(map(len, src)), tgt_tokens=sum(map(len, tgt)))
+    return EncodedSplit(split, src, tgt, counts)
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
@@ -69,67 +102,49 @@ def bleu_signature() -> str:
     return str(bleu.get_signature())
 
 
+def by_length(lengths: Sequence[int], size: int) -> Iterator[List[int]]:
+    """Indices in order of length, in chunks of `size`: batches with little padding."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return (order[i:i + size] for i in range(0, len(order), size))
+
+
 class TranslationTask(Task):
+    eval_columns = ("eval_loss", "eval_acc", "eval_ppl", "valid_bleu")
+
     def __init__(self, cfg, device: torch.device):
         t, tr = cfg.task, cfg.train
         self.cfg, self.device = t, device
         self.label_smoothing = tr.label_smoothing
-        self.corpus = corpus = load_corpus(t)
-        self.subwords = corpus.subwords
+        self.corpus = load_corpus(t)
+        self.subwords = self.corpus.subwords
+        self.train, self.valid, self.test = (self.corpus.splits[role] for role in ROLES)
         self.vocab_size, self.pad_id = len(self.subwords), PAD
-        self.max_positions = t.max_len + 2  # BOS/EOS plus the longest kept (or truncated) side
-        self._counts: Dict[str, Dict[str, int]] = {}
-        self.train_src, self.train_tgt = self._encode("train", drop=True)
-        self.valid_src, self.valid_tgt = self._encode("valid", drop=False)
-        self.test_src, self.test_tgt = self._encode("test", drop=False)
-        if not self.train_src:
-            raise DataError(f"every training pair of {corpus.splits['train'].src_file.parent} is longer than "
-                            f"task.max_len={t.max_len} subwords on a side or empty: raise task.max_len")
-        lens = [torch.tensor([len(x) + 1 for x in side]) for side in (self.train_src, self.train_tgt)]
+        self.max_positions = t.max_len + 1  # the longest kept (or cut) side, plus BOS or EOS
+        # Lengths with EOS (or BOS): what a pair takes in a batch, and the targets it predicts.
+        self._src_lens = torch.tensor([len(x) + 1 for x in self.train.src])
+        self._tgt_lens = torch.tensor([len(x) + 1 for x in self.train.tgt])
         # Streams seeded as the synthetic tasks' (data/streams.py): training and init batches apart.
-        self._train = BatchStream(*lens, tr.max_tokens, tr.batch_size, cfg.seed * 4 + 0)
-        self._init = BatchStream(*lens, tr.max_tokens, tr.batch_size, cfg.seed * 4 + 1)
-        order = sorted(range(len(self.valid_src)), key=lambda i: (len(self.valid_src[i]), len(self.valid_tgt[i])))
-        self.valid_batches = [self._collate(self.valid_src, self.valid_tgt, order[i:i + t.eval_batch_size])
-                              for i in range(0, len(order), t.eval_batch_size)]
+        self._train = BatchStream(self._src_lens, self._tgt_lens, tr.max_tokens, tr.batch_size, cfg.seed * 4 + 0)
+        self._init = BatchStream(self._src_lens, self._tgt_lens, tr.max_tokens, tr.batch_size, cfg.seed * 4 + 1)
+        self.valid_batches = [self._collate(self.valid, chunk)
+                              for chunk in by_length([len(s) for s in self.valid.src], t.eval_batch_size)]
         # The probes' fixed input x: the first validation pairs.
-        self._probe = self._collate(self.valid_src, self.valid_tgt, range(min(t.probe_batch_size, len(self.valid_src))))
-        n_bleu = t.bleu_sentences or len(self.valid_src)
-        self.bleu_indices = list(range(min(n_bleu, len(self.valid_src))))
+        self._probe = self._collate(self.valid, range(min(t.probe_batch_size, len(self.valid.src))))
+        self.bleu_indices = list(range(min(t.bleu_sentences or len(self.valid.src), len(self.valid.src))))
 
     # --- data ------------------------------------------------------------------------------
 
-    def _encode(self, role: str, drop: bool) -> Tuple[List[List[int]], List[List[int]]]:
-        """Subword ids of a split. Training pairs with an empty side or a side over max_len are
-        dropped; validation and test keep every pair (their scores cover the whole split), a side
-        over max_len being cut to it."""
-        split, limit = self.corpus.splits[role], self.cfg.max_len
-        src, tgt = self.subwords.encode(split.src), self.subwords.encode(split.tgt)
-        counts = {"pairs_in_files": len(src)}
-        if drop:
-            empty = [not s or not t for s, t in zip(src, tgt)]
-            long = [not e and (len(s) > limit or len(t) > limit) for e, s, t in zip(empty, src, tgt)]
-            keep = [i for i in range(len(src)) if not empty[i] and not long[i]]
-            counts.update(dropped_empty=sum(empty), dropped_long=sum(long))
-            src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
-        else:
-            counts["truncated"] = sum(len(s) > limit or len(t) > limit for s, t in zip(src, tgt))
-            src, tgt = [s[:limit] for s in src], [t[:limit] for t in tgt]
-        counts.update(pairs=len(src), src_tokens=sum(map(len, src)), tgt_tokens=sum(map(len, tgt)))
-        self._counts[role] = counts
-        return src, tgt
-
-    def _collate(self, src, tgt, indices):
+    def _collate(self, split: EncodedSplit, indices):
         indices = list(indices)
-        return collate([src[i] for i in indices], [tgt[i] for i in indices], BOS, EOS, PAD, self.device)
+        return collate([split.src[i] for i in indices], [split.tgt[i] for i in indices], BOS, EOS, PAD, self.device)
 
     def train_batch(self):
-        indices = next(self._train).tolist()
-        self.target_tokens += sum(len(self.train_tgt[i]) + 1 for i in indices)  # + EOS
-        return self._collate(self.train_src, self.train_tgt, indices)
+        indices = next(self._train)
+        self.target_tokens += int(self._tgt_lens[indices].sum())
+        return self._collate(self.train, indices.tolist())
 
     def init_batch(self):
-        return self._collate(self.train_src, self.train_tgt, next(self._init).tolist())
+        return self._collate(self.train, next(self._init).tolist())
 
     def probe_batch(self):
         return self._probe
@@ -141,8 +156,8 @@ class TranslationTask(Task):
     def info(self) -> Dict:
         c = self.cfg
         return {"data": {"corpus": str(self.corpus.folder), "src_lang": c.src_lang, "tgt_lang": c.tgt_lang,
-                         "splits": {role: {"name": self.corpus.splits[role].name, **self._counts[role]}
-                                    for role in ROLES},
+                         "splits": {role: {"name": split.text.name, **split.counts}
+                                    for role, split in self.corpus.splits.items()},
                          "tokenizer": str(self.subwords.path), "subword": c.subword, "vocab_size": self.vocab_size,
                          "max_len": c.max_len, "valid_bleu_sentences": len(self.bleu_indices),
                          "decoding": "greedy" if c.beam == 1 else f"beam {c.beam}"},
@@ -150,20 +165,16 @@ class TranslationTask(Task):
 
     # --- evaluation -----------------------------------------------------------------------
 
-    @torch.no_grad()
     def _scores(self, model, batches) -> Dict[str, float]:
-        nll, correct, tokens = torch.stack([token_stats(model, self, b) for b in batches]).sum(0).tolist()
+        nll, correct, tokens = torch.stack([token_stats(model, b) for b in batches]).sum(0).tolist()
         loss = nll / tokens
         return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "acc": correct / tokens}
 
     @torch.no_grad()
     def translate(self, model, src: Sequence[Sequence[int]]) -> List[str]:
         """Detokenised translations of source id lists, in their order (batched by length)."""
-        order = sorted(range(len(src)), key=lambda i: len(src[i]))
         out: List[List[int]] = [[] for _ in src]
-        size = self.cfg.eval_batch_size
-        for start in range(0, len(order), size):
-            chunk = order[start:start + size]
+        for chunk in by_length([len(s) for s in src], self.cfg.eval_batch_size):
             x = sources([src[i] for i in chunk], EOS, PAD, self.device)
             limit = max_output_len(x.shape[1], self.max_positions)
             if self.cfg.beam > 1:
@@ -179,38 +190,32 @@ class TranslationTask(Task):
         no label smoothing), and BLEU of the translations of its first bleu_sentences, after
         the first update (an untrained model's BLEU is 0 and its translations all run to the
         length limit: the most expensive decoding of a run, for nothing)."""
-        was_training = model.training
-        model.eval()
-        try:
+        with eval_mode(model):
             s = self._scores(model, self.valid_batches)
             row = {"eval_loss": s["loss"], "eval_ppl": s["ppl"], "eval_acc": s["acc"]}
             if self.bleu_indices and step > 0:
-                hyps = self.translate(model, [self.valid_src[i] for i in self.bleu_indices])
-                refs = [self.corpus.splits["valid"].tgt[i] for i in self.bleu_indices]
-                row["valid_bleu"] = corpus_bleu(hyps, refs)
-        finally:
-            model.train(was_training)
+                hyps = self.translate(model, [self.valid.src[i] for i in self.bleu_indices])
+                row["valid_bleu"] = corpus_bleu(hyps, [self.valid.text.tgt[i] for i in self.bleu_indices])
         return row
+
+    def summarise_eval(self, row: Dict[str, float], summary: Dict) -> None:
+        summary["final_eval_ppl"] = row["eval_ppl"]
+        if "valid_bleu" in row:
+            summary["valid_bleu"] = row["valid_bleu"]
+            summary["best_valid_bleu"] = max(row["valid_bleu"], summary.get("best_valid_bleu") or 0.0)
 
     def finish(self, model, out_dir: Path) -> Dict:
         """Test loss, perplexity and BLEU of the whole test split; its translations go to
         out_dir/test_translations.tsv (source, hypothesis, reference per line)."""
-        was_training = model.training
-        model.eval()
-        try:
-            order = sorted(range(len(self.test_src)), key=lambda i: len(self.test_src[i]))
-            size = self.cfg.eval_batch_size
-            s = self._scores(model, [self._collate(self.test_src, self.test_tgt, order[i:i + size])
-                                     for i in range(0, len(order), size)])
-            hyps = self.translate(model, self.test_src)
-        finally:
-            model.train(was_training)
-        test = self.corpus.splits["test"]
-        bleu = corpus_bleu(hyps, test.tgt)
+        test = self.test
+        with eval_mode(model):
+            s = self._scores(model, [self._collate(test, chunk)
+                                     for chunk in by_length([len(x) for x in test.src], self.cfg.eval_batch_size)])
+            hyps = self.translate(model, test.src)
         path = Path(out_dir) / "test_translations.tsv"
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f, delimiter="\t", lineterminator="\n")
             writer.writerow(["source", "hypothesis", "reference"])
-            writer.writerows(zip(test.src, hyps, test.tgt))
-        return {"test_loss": s["loss"], "test_ppl": s["ppl"], "test_acc": s["acc"], "test_bleu": bleu,
-                "test_translations": path.name}
+            writer.writerows(zip(test.text.src, hyps, test.text.tgt))
+        return {"test_loss": s["loss"], "test_ppl": s["ppl"], "test_acc": s["acc"],
+                "test_bleu": corpus_bleu(hyps, test.text.tgt), "test_translations": path.name}

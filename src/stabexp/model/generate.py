@@ -22,6 +22,14 @@ def _strip(row: List[int], eos: int) -> List[int]:
     return row[:row.index(eos)] if eos in row else row
 
 
+def _next_token_scores(model, tokens, memory, memory_mask, bos: int, pad: int) -> torch.Tensor:
+    """Log-probabilities of the next token after `tokens`; BOS and padding are never output
+    (label smoothing gives them some mass; fairseq rules them out the same way)."""
+    logp = F.log_softmax(model.logits(model.decode(tokens, memory, memory_mask)[:, -1]).float(), -1)
+    logp[:, [bos, pad]] = float("-inf")
+    return logp
+
+
 @torch.no_grad()
 def greedy(model, src: torch.Tensor, bos: int, eos: int, pad: int, max_len: int) -> List[List[int]]:
     """The most likely next token at each step, up to max_len tokens."""
@@ -29,7 +37,7 @@ def greedy(model, src: torch.Tensor, bos: int, eos: int, pad: int, max_len: int)
     tokens = torch.full((src.shape[0], 1), bos, dtype=torch.long, device=src.device)
     done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
     for _ in range(max_len):
-        step = model.logits(model.decode(tokens, memory, memory_mask)[:, -1]).argmax(-1)
+        step = _next_token_scores(model, tokens, memory, memory_mask, bos, pad).argmax(-1)
         step = step.masked_fill(done, pad)
         tokens = torch.cat([tokens, step[:, None]], dim=1)
         done |= step == eos
@@ -53,7 +61,7 @@ def beam_search(model, src: torch.Tensor, bos: int, eos: int, pad: int, max_len:
     scores[:, 0] = 0.0  # every beam starts as the same BOS: keep one
     finished: List[List] = [[] for _ in range(B)]
     for t in range(1, max_len + 2):
-        logp = F.log_softmax(model.logits(model.decode(tokens, memory, memory_mask)[:, -1]).float(), -1)
+        logp = _next_token_scores(model, tokens, memory, memory_mask, bos, pad)
         if t == max_len + 1:  # max_len tokens, as greedy's limit: every hypothesis ends here
             only_eos = torch.full_like(logp, float("-inf"))
             only_eos[:, eos] = 0.0

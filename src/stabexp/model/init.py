@@ -123,8 +123,7 @@ def admin_profiled(model: Seq2SeqTransformer, batch: Callable[[], Batch]) -> Dic
     with the profiled scalar) bottom-up in each stack."""
     xavier(model)
     src, tgt_in, _ = batch()
-    src_tokens, tgt_tokens = model.token_masks(src, tgt_in)
-    profiles = {"encoder": AdminProfile(src_tokens), "decoder": AdminProfile(tgt_tokens)}
+    profiles = {stack: AdminProfile(tokens) for stack, tokens in model.token_masks(src, tgt_in).items()}
     for stack, _, _, res in model.residuals():
         res.admin_profile = profiles[stack]
     was_training = model.training

@@ -48,7 +48,10 @@ class NormMLP(nn.Module):
         return iter(())  # no residual sublayers: the per-sublayer probes have nothing to report
 
     def token_masks(self, x: torch.Tensor, _unused: Optional[torch.Tensor] = None):
-        return None, None  # fixed-size inputs: no padding
+        return {}  # fixed-size inputs: no padding, no stacks
+
+    def feature_mask(self, x: torch.Tensor, _unused: Optional[torch.Tensor] = None):
+        return None
 
     def weight_matrices(self) -> Iterator[Tuple[str, int, str, str, nn.Parameter]]:
         """(stack, layer, sublayer, param, weight) for every weight matrix, bottom-up."""

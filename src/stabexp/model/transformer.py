@@ -8,7 +8,7 @@ Padding (real text, `pad_id` set): sequences are padded on the right. The encode
 self-attention and the decoder's cross-attention mask the padded source positions; the
 decoder's causal mask already keeps every real target position away from the padding after it.
 Padded positions compute values that nothing reads; losses and probes count real tokens only
-(`token_masks`).
+(`token_masks`, `feature_mask`).
 """
 
 from __future__ import annotations
@@ -200,13 +200,17 @@ class Seq2SeqTransformer(nn.Module):
         x = self.embed(tokens) * math.sqrt(self.config.d_model) + self.positions[: tokens.shape[1]]
         return F.dropout(x, self.config.dropout, self.training)
 
-    def token_masks(self, src: torch.Tensor, tgt_in: torch.Tensor):
-        """(source, target) masks of real tokens, (B, S) and (B, T) bool; (None, None) when the
-        model has no padding. BOS starts every target, so tgt_in marks the same positions as
-        the targets it predicts."""
+    def token_masks(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Dict[str, Optional[torch.Tensor]]:
+        """The real tokens of each stack's input, {"encoder": (B, S), "decoder": (B, T)} bool;
+        None for both when the model has no padding. BOS starts every target, so tgt_in marks
+        the same positions as the targets it predicts (and as F's rows)."""
         if self.config.pad_id is None:
-            return None, None
-        return src != self.config.pad_id, tgt_in != self.config.pad_id
+            return {"encoder": None, "decoder": None}
+        return {"encoder": src != self.config.pad_id, "decoder": tgt_in != self.config.pad_id}
+
+    def feature_mask(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Optional[torch.Tensor]:
+        """The rows of F(x, theta) (and of the logits) that are real target tokens."""
+        return self.token_masks(src, tgt_in)["decoder"]
 
     def key_mask(self, src: torch.Tensor) -> Optional[torch.Tensor]:
         """Attention mask over the source keys, (B, 1, 1, S): True where attention may look."""

@@ -64,7 +64,7 @@ class LayerProbe:
         """F(x, theta) in eval mode (no dropout), plus each sublayer's ln_input_norm on the
         same pass (over the real tokens of its stack's input)."""
         residuals = self.residuals
-        tokens = dict(zip(("encoder", "decoder"), self.model.token_masks(src, tgt_in)))
+        tokens = self.model.token_masks(src, tgt_in)
         # Eval mode only matters with dropout; toggling every module costs more than the
         # probe's own arithmetic in a deep tiny model, so skip it when nothing would change.
         toggle = self.model.training and getattr(self.model.config, "dropout", 0) > 0

@@ -43,7 +43,7 @@ def output_change(model: Seq2SeqTransformer, src: torch.Tensor, tgt_in: torch.Te
     normalised by its per-token standard deviation (Clinic's x / x.std(-1)). The weights are
     restored exactly afterwards. Padded positions (a task with pad_id) are left out."""
     inputs: List[torch.Tensor] = []
-    masks = dict(zip(("encoder", "decoder"), model.token_masks(src, tgt_in)))
+    masks = model.token_masks(src, tgt_in)
     stacks = [stack for stack, *_ in model.residuals()]
 
     def keep(module, args):
@@ -68,7 +68,8 @@ def output_change(model: Seq2SeqTransformer, src: torch.Tensor, tgt_in: torch.Te
         model.train(was_training)
     per_sublayer = torch.stack([_per_token_sq_change(a, b, masks[stack])
                                 for a, b, stack in zip(inputs, clean_inputs, stacks)])
-    values = torch.cat([_per_token_sq_change(noisy, clean, masks["decoder"])[None], per_sublayer]).tolist()
+    values = torch.cat([_per_token_sq_change(noisy, clean, model.feature_mask(src, tgt_in))[None],
+                        per_sublayer]).tolist()
     return {"output_change": values[0], "input_change": values[1:]}
 
 

@@ -50,8 +50,12 @@ from stabexp.train.schedule import lr_factor
 
 log = logging.getLogger("stabexp")
 
-METRICS_COLUMNS = ["step", "lr", "loss", "grad_norm", "model_update", "output_change", "eval_loss",
-                   "eval_acc", "eval_ppl", "valid_bleu", "elapsed_s"]
+def metrics_columns(eval_columns) -> list:
+    """metrics.csv's header: the step's own columns, then the task's eval columns."""
+    return ["step", "lr", "loss", "grad_norm", "model_update", "output_change", *eval_columns, "elapsed_s"]
+
+
+METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (translation adds eval_ppl, valid_bleu)
 # A row is a residual sublayer (param empty) or, with probe.weights, one weight matrix (param set).
 LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm",
                   "input_change", "w2_grad_norm", "weight_norm", "angular_update",
@@ -162,7 +166,7 @@ class Run:
         self.probe_src, self.probe_tgt_in, _ = task.probe_batch()
 
         self.model = model = build_model(cfg, task.vocab_size, task.pad_id, task.max_positions).to(device)
-        self.probe_tokens = model.token_masks(self.probe_src, self.probe_tgt_in)[1]
+        self.probe_tokens = model.feature_mask(self.probe_src, self.probe_tgt_in)
         summary["constants"] = initialise(model, cfg.group.init, task.init_batch)
         summary["chance_loss"] = task.chance_loss
         summary.update(task.info())
@@ -191,7 +195,7 @@ class Run:
         # Exploding = above explode_factor times the larger of the chance loss and the first
         # loss (the first loss can sit far above chance: tied embeddings, strong identity path).
         self.explode_at = float("inf")
-        self.metrics = _CsvLog(out_dir / "metrics.csv", METRICS_COLUMNS)
+        self.metrics = _CsvLog(out_dir / "metrics.csv", metrics_columns(task.eval_columns))
         self.layers = _CsvLog(out_dir / "layers.csv", LAYERS_COLUMNS)
         self.progress = _Progress(cfg, show_progress)
         self.steps_done = 0
@@ -288,11 +292,7 @@ class Run:
             if math.isfinite(row["eval_loss"]) and (best is None or row["eval_loss"] < best):
                 result["best_eval_loss"] = row["eval_loss"]
             result.update(final_eval_loss=row["eval_loss"], final_eval_acc=row["eval_acc"])
-            if "eval_ppl" in row:
-                result["final_eval_ppl"] = row["eval_ppl"]
-            if "valid_bleu" in row:
-                result["valid_bleu"] = row["valid_bleu"]
-                result["best_valid_bleu"] = max(row["valid_bleu"], result.get("best_valid_bleu") or 0.0)
+            self.task.summarise_eval(row, result)
         row["elapsed_s"] = time.perf_counter() - self.start
         self.metrics.write([row])
         return row
@@ -322,12 +322,13 @@ def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Ta
                 break
     finally:
         run.close()
-    if run.result["status"] == "completed" and run.steps_done > 0:
-        run.result.update(task.finish(run.model, out_dir))
     wall = time.perf_counter() - start
     run.result.update(steps_done=run.steps_done, wall_seconds=wall,
                       steps_per_second=run.steps_done / wall if wall > 0 else None,
                       target_tokens=task.target_tokens)
+    if run.result["status"] == "completed" and run.steps_done > 0:
+        run.result.update(task.finish(run.model, out_dir))
+        run.result["finish_seconds"] = time.perf_counter() - start - wall  # the test decoding, apart
     return run.result
 
 
