@@ -26,6 +26,16 @@ def test_encoder_decoder_18l_18l():
     assert c["decoder"]["beta"] == pytest.approx(0.2608, abs=1e-4)
 
 
+def test_encoder_decoder_6l_18l_worked_out_from_the_formulas():
+    """N = 6, M = 18: encoder alpha 0.81 (N^4 M)^(1/16), beta 0.87 (N^4 M)^(-1/16); decoder
+    alpha (3M)^(1/4), beta (12M)^(-1/4). Swapping N and M changes every encoder value."""
+    c = deepnorm_encoder_decoder(6, 18)
+    assert c["encoder"]["alpha"] == pytest.approx(1.5187, abs=1e-4)
+    assert c["encoder"]["beta"] == pytest.approx(0.4640, abs=1e-4)
+    assert c["decoder"]["alpha"] == pytest.approx(2.7108, abs=1e-4)
+    assert c["decoder"]["beta"] == pytest.approx(0.2608, abs=1e-4)
+
+
 def test_model_uses_alpha_per_stack(make_cfg):
     cfg = make_cfg("group=deepnorm", "depth=18")
     model = build_model(cfg, cfg.task.vocab_size)

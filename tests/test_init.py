@@ -12,8 +12,8 @@ from stabexp.model.init import deepnorm_encoder_decoder
 WIDE = ["model.d_model=64", "model.ffn_dim=128", "model.n_heads=2"]
 
 
-def _built(make_cfg, group, depth, seed=0):
-    cfg = make_cfg(f"group={group}", f"depth={depth}", *WIDE)
+def _built(make_cfg, group, depth, seed=0, decoder_depth=None):
+    cfg = make_cfg(f"group={group}", f"depth={depth}", f"decoder_depth={decoder_depth or depth}", *WIDE)
     torch.manual_seed(seed)
     model = build_model(cfg, cfg.task.vocab_size)
     task = ReverseTask(cfg.task.vocab_size, cfg.task.seq_len, seed, torch.device("cpu"))
@@ -27,10 +27,11 @@ def _xavier_std(w):
 
 
 def test_postln_init_divides_layer_l_by_depth_plus_one_minus_l(make_cfg):
-    depth = 4
-    model, _ = _built(make_cfg, "postln_init", depth)
+    """Each stack by its own depth: N = 3 encoder layers, M = 5 decoder layers."""
+    depths = {"encoder": 3, "decoder": 5}
+    model, _ = _built(make_cfg, "postln_init", 3, decoder_depth=5)
     for stack, layer, _, res in model.residuals():
-        k = depth + 1 - layer
+        k = depths[stack] + 1 - layer
         for name, w in res.branch.matrices().items():
             measured = w.std().item() / _xavier_std(w)
             # 4096+ samples per matrix: the std estimate is within ~3% of the truth.
@@ -45,9 +46,12 @@ def test_xavier_is_unscaled(make_cfg):
 
 
 def test_deepnorm_gains(make_cfg):
-    depth = 6
-    model, constants = _built(make_cfg, "deepnorm", depth)
-    expected = deepnorm_encoder_decoder(depth, depth)
+    """At N = 3, M = 5, so that swapping N and M in a formula shows."""
+    model, constants = _built(make_cfg, "deepnorm", 3, decoder_depth=5)
+    expected = deepnorm_encoder_decoder(3, 5)
+    assert expected["encoder"]["beta"] == pytest.approx(0.87 * (3 ** 4 * 5) ** (-1 / 16))
+    assert expected["decoder"]["beta"] == pytest.approx((12 * 5) ** -0.25)
+    assert {res.alpha for stack, _, _, res in model.residuals() if stack == "decoder"} == {(3 * 5) ** 0.25}
     assert constants["deepnorm"] == expected
     seen = set()
     for stack, layer, sublayer, res in model.residuals():

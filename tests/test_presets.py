@@ -131,8 +131,22 @@ def test_report_prints_the_fits(quick_outputs):
     result = _cli(quick_outputs.outputs, "report", str(sweep))
     assert result.returncode == 0, result.stderr
     assert "| group | points | sublayers | change_at_min | change_at_max | linear_r2 | log_r2 |" in result.stdout
+    # The printed fits are stabexp.analysis's on the same runs.
+    from stabexp.analysis import last_w2_grad, output_change_fits, output_change_table, w2_grad_slopes
+    from stabexp.plotting.collect import collect
+
+    tables = collect(sweep)
+    fits = output_change_fits(output_change_table(tables["metrics"], tables["layers"])).set_index("group")
     for group in ("postln", "preln", "admin"):
-        assert f"| {group} | 9 | 10-20 |" in result.stdout
+        f = fits.loc[group]
+        assert (f"| {group} | 9 | 10-20 | {f.change_at_min:.3g} | {f.change_at_max:.3g} | {f.linear_r2:.3f} | "
+                f"{f.log_r2:.3f} |") in result.stdout
+    sweep = quick_outputs.outputs / "multirun" / "experiment=grad_at_init__scale=quick"
+    printed = _cli(quick_outputs.outputs, "report", str(sweep)).stdout
+    slopes = w2_grad_slopes(last_w2_grad(collect(sweep)["layers"]))
+    assert len(slopes) == 3
+    for _, row in slopes.iterrows():
+        assert f"| {row.group} | {row.points} | {row.slope:+.3f} | {row.r2:.3f} |" in printed
     sweep = next((quick_outputs.outputs / "multirun").glob("experiment=depth_table__*"))  # + SHORT
     table = _cli(quick_outputs.outputs, "report", str(sweep))
     assert "| group | 2L-2L | 3L-3L | 4L-4L |" in table.stdout

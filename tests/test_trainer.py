@@ -46,6 +46,56 @@ def test_model_update_is_zero_before_the_first_step(make_cfg, tmp_path):
     assert (metrics.loc[1:, "model_update"] > 0).all()
 
 
+def test_model_update_is_the_distance_from_a_kept_copy_of_the_initial_model(make_cfg, tmp_path):
+    """The logged update after 3 steps against F(x, theta_0) of a deep copy taken before
+    training and F(x, theta_3) of the trained model, both computed here."""
+    import copy
+
+    from stabexp.data import make_task
+    from stabexp.train.trainer import Run
+
+    cfg = make_cfg("group=admin", "probe.every=1")
+    task = make_task(cfg, torch.device("cpu"))
+    run = Run(cfg, tmp_path, {}, 0.0, task, show_progress=False)
+    initial = copy.deepcopy(run.model)
+    for step in (1, 2, 3):
+        run.step(step)
+    run.close()
+    src, tgt_in, _ = task.probe_batch()
+    with torch.no_grad():
+        delta = run.model.eval().features(src, tgt_in) - initial.eval().features(src, tgt_in)
+    expected = delta.norm(dim=-1).pow(2).mean().sqrt().item()
+    logged = pd.read_csv(tmp_path / "metrics.csv").set_index("step").loc[3, "model_update"]
+    assert expected > 0 and logged == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("group, warmup, expected", [
+    ("postln_warmup", 3, [1 / 3, 2 / 3, 1.0, (3 / 4) ** 0.5, (3 / 5) ** 0.5, (3 / 6) ** 0.5]),
+    ("postln_warmup", 0, [1.0, 2 ** -0.5, 3 ** -0.5, 4 ** -0.5, 5 ** -0.5, 6 ** -0.5]),
+    ("postln", 3, [1.0] * 6),
+])
+def test_the_lr_column_follows_the_schedule(make_cfg, tmp_path, group, warmup, expected):
+    """Row i holds the lr of optimiser step i: linear warm-up to the peak at step `warmup`, then
+    sqrt(warmup / i) (fairseq's inverse_sqrt); 1 / sqrt(i) without warm-up; constant for postln."""
+    train(make_cfg(f"group={group}", f"train.warmup_steps={warmup}", "train.lr=0.01", "probe.every=1"), tmp_path)
+    lr = pd.read_csv(tmp_path / "metrics.csv").set_index("step").lr
+    assert lr.loc[1:].tolist() == pytest.approx([0.01 * f for f in expected], rel=1e-9)
+
+
+def test_a_seed_fixes_every_file_and_another_seed_changes_them(make_cfg, tmp_path):
+    def files(seed, name):
+        train(make_cfg("group=admin", f"seed={seed}"), tmp_path / name)
+        metrics = pd.read_csv(tmp_path / name / "metrics.csv").drop(columns="elapsed_s")
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        timing = ("wall_seconds", "steps_per_second", "finish_seconds", "out_dir")
+        return metrics, (tmp_path / name / "layers.csv").read_bytes(), {k: v for k, v in summary.items()
+                                                                        if k not in timing}
+    a, b, c = files(3, "a"), files(3, "b"), files(4, "c")
+    pd.testing.assert_frame_equal(a[0], b[0], check_exact=True)
+    assert a[1] == b[1] and a[2] == b[2]
+    assert not a[0].loss.equals(c[0].loss) and a[1] != c[1]
+
+
 def test_model_update_does_not_depend_on_the_probe_batch_size():
     torch.manual_seed(0)
     f0, f1 = torch.randn(4, 5, 8), torch.randn(4, 5, 8)
@@ -91,11 +141,13 @@ def test_seed_fixes_the_run(make_cfg, tmp_path):
     assert a["constants"]["admin_omega"] == b["constants"]["admin_omega"]
 
 
-@pytest.mark.parametrize("group", ["postln", "admin"])
-def test_probes_do_not_change_the_run(make_cfg, tmp_path, group):
-    """Probes at every step and probes off give bit-identical losses and eval results."""
+@pytest.mark.parametrize("group, extra", [("postln", []), ("admin", []),
+                                          ("admin", ["probe.at_init=true", "probe.weights=true"])])
+def test_probes_do_not_change_the_run(make_cfg, tmp_path, group, extra):
+    """Probes at every step (with the at-init and weight probes too) and probes off give
+    bit-identical losses and eval results."""
     common = [f"group={group}", "train.steps=8", "train.eval_every=4"]
-    on = train(make_cfg(*common, "probe.every=1"), tmp_path / "on")
+    on = train(make_cfg(*common, "probe.every=1", *extra), tmp_path / "on")
     off = train(make_cfg(*common, "probe.enabled=false"), tmp_path / "off")
     m_on = pd.read_csv(tmp_path / "on" / "metrics.csv").set_index("step")
     m_off = pd.read_csv(tmp_path / "off" / "metrics.csv").set_index("step")

@@ -37,8 +37,11 @@ def loglog_slope(x, y) -> Dict[str, float]:
 
 
 def sublayer_count(layers: pd.DataFrame) -> pd.Series:
-    """Residual sublayers per run (encoder: 2 per layer, decoder: 3), from its layers rows."""
+    """Residual sublayers per run (encoder: 2 per layer, decoder: 3), from its step-0 layers rows
+    of sublayers (not the weight rows of probe.weights, which have `param` set)."""
     at_init = layers[layers.step == 0]
+    if "param" in at_init:
+        at_init = at_init[at_init.param.isna()]
     return at_init.groupby("run").size()
 
 

@@ -75,6 +75,19 @@ def time_constant(optimiser: str, lr: float, weight_decay: float, momentum: floa
     return 1 / (2 * lr * weight_decay)
 
 
+def effective_lr(optimiser: str, lr: float, norm: float) -> float:
+    """The step size a scale-invariant weight of norm ||w|| feels, per optimiser.
+
+    SGD / SGDM: the gradient of a scale-invariant weight is g = g~ / ||w|| (g~ at unit norm), so a
+    step turns w by about eta ||g~|| / ||w||^2: eta / ||w||^2 (van Laarhoven 2017; Hoffer et al.
+    2018). Adam / AdamW: the update m / sqrt(v) has a size of about one per element whatever the
+    gradient's scale, so a step turns w by about eta sqrt(C) / ||w||: eta / ||w|| (Kosson et al.
+    2023)."""
+    if optimiser not in OPTIMISERS:
+        raise ValueError(f"optimiser {optimiser!r}: one of {', '.join(OPTIMISERS)}")
+    return lr / norm ** 2 if optimiser in ("sgd", "sgdm") else lr / norm
+
+
 def equilibrium(optimiser: str, lr: float, weight_decay: float, momentum: float = 0.0,
                 beta1: float = 0.9) -> Dict[str, Optional[float]]:
     """The hyper-parameter-only values, for a run's summary."""

@@ -3,7 +3,8 @@
 - weight_norm ||w_t||;
 - angular_update Delta_t = arccos(<w_t, w_{t+1}> / (||w_t|| ||w_{t+1}||)), computed without the
   arccos (see `angle`), and its mean over the rows (output neurons) of the matrix;
-- effective_lr eta / ||w_t||^2, the step size that a scale-invariant weight actually feels;
+- effective_lr, the step size that a scale-invariant weight actually feels: eta / ||w_t||^2 under
+  SGD, eta / ||w_t|| under Adam (theory.effective_lr);
 - scale_invariant: whether scaling the weight leaves the model's output unchanged (tested, not
   assumed, on the model at hand).
 Theory values for these: stabexp/theory.py.

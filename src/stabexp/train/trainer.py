@@ -303,7 +303,8 @@ class Run:
         return [{"step": step, "stack": stack, "layer": layer, "sublayer": sublayer, "param": param,
                  "grad_norm": g if moved else nan, "weight_norm": n,
                  "angular_update": a if moved else nan, "row_angular_update": r if moved else nan,
-                 "effective_lr": lr / n ** 2, "scale_invariant": inv, "elements": w.numel()}
+                 "effective_lr": theory.effective_lr(self.cfg.optim.name, lr, n), "scale_invariant": inv,
+                 "elements": w.numel()}
                 for (stack, layer, sublayer, param), w, n, a, r, g, inv
                 in zip(self.weights.keys, self.weights.weights, norms, angles, row_angles, grads,
                        self.scale_invariant)]
@@ -327,8 +328,9 @@ def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Ta
                       steps_per_second=run.steps_done / wall if wall > 0 else None,
                       target_tokens=task.target_tokens)
     if run.result["status"] == "completed" and run.steps_done > 0:
-        run.result.update(task.finish(run.model, out_dir))
-        run.result["finish_seconds"] = time.perf_counter() - start - wall  # the test decoding, apart
+        final = task.finish(run.model, out_dir)
+        if final:  # e.g. the test decoding, timed apart from the training
+            run.result.update(final, finish_seconds=time.perf_counter() - start - wall)
     return run.result
 
 
