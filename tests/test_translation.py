@@ -282,6 +282,37 @@ def test_beam_of_one_is_greedy_and_outputs_are_real_tokens(make_cfg):
     assert len(greedy(model, src, 1, 2, 0, limit)) == 2 and len(beam_search(model, src, 1, 2, 0, limit, 3)) == 2
 
 
+
+class _ScriptedDecoder:
+    """A stand-in model whose next-token probabilities depend only on the output prefix
+    (PAD 0, BOS 1, EOS 2, A 3, B 4): greedy takes A (0.55) and then must end on a poor EOS
+    (0.34); B (0.45) then EOS (0.95) is the better sentence by mean log-probability."""
+
+    table = {(): [0.0, 0.0, 0.0, 0.55, 0.45], (3,): [0.0, 0.0, 0.34, 0.33, 0.33],
+             (4,): [0.0, 0.0, 0.95, 0.025, 0.025]}
+    otherwise = [0.0, 0.0, 0.9, 0.05, 0.05]
+
+    def encode(self, src):
+        return torch.zeros(src.shape[0], src.shape[1], 1)
+
+    def key_mask(self, src):
+        return None
+
+    def decode(self, tokens, memory, memory_mask):
+        self.prefixes = [tuple(row[1:]) for row in tokens.tolist()]  # without BOS
+        return torch.zeros(tokens.shape[0], tokens.shape[1], 1)
+
+    def logits(self, hidden):
+        rows = [self.table.get(prefix, self.otherwise) for prefix in self.prefixes]
+        return torch.tensor(rows).clamp_min(1e-9).log()
+
+
+def test_beam_search_finds_the_sentence_greedy_misses():
+    model, src = _ScriptedDecoder(), torch.tensor([[5, 2]])
+    assert greedy(model, src, 1, 2, 0, 5) == [[3]]  # ln .55 + ln .34: mean -0.84
+    assert beam_search(model, src, 1, 2, 0, 5, beam=1) == [[3]]
+    assert beam_search(model, src, 1, 2, 0, 5, beam=2) == [[4]]  # ln .45 + ln .95: mean -0.43
+
 # --- downloads, against a loopback server ---------------------------------------------------------
 
 class _Server:
