@@ -171,3 +171,14 @@ def test_help_and_list(stabexp_cli):
     for group in ("postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin"):
         assert any(line.startswith(f"  {group} ") for line in r.stdout.splitlines()), group
     assert "arXiv 2203.00555" in r.stdout and "arXiv 2004.08249" in r.stdout
+
+
+def test_help_with_overrides(stabexp_cli):
+    """--help shows the config the overrides compose (a sweep's keys left out, as Hydra's help
+    is one run), and a bad override is the same one line as without --help."""
+    r = stabexp_cli("run", "--help", "-m", "group=glob(post*)", "depth=7")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "depth: 7" in r.stdout and "Powered by Hydra" in r.stdout
+    _one_line_error(stabexp_cli("run", "--help", "group=nope"), "group=nope", "postln")
+    _one_line_error(stabexp_cli("run", "--help", "group=postln,preln"), "add -m")
+    assert not (stabexp_cli.outputs / "multirun").exists() and not (stabexp_cli.outputs / "runs").exists()

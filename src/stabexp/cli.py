@@ -71,6 +71,14 @@ def _flags_first(args: List[str]) -> List[str]:
     return flags + overrides
 
 
+def _sweeps(overrides: List[str]) -> List[str]:
+    """The overrides that sweep several values (comma lists, range, glob, ...)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [o.input_line for o in parsed if o.is_sweep_override()]
+
+
 def _choices(group: str) -> List[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
@@ -226,13 +234,18 @@ def cmd_run(args: List[str]) -> int:
         print("stabexp: error: --cfg prints the config of one run and cannot go with -m: drop -m "
               "(and give each swept key one value)", file=sys.stderr)
         return 2
-    if not wants_help:
-        try:
-            # Printing the config (--cfg) needs no data.
-            multirun = check_overrides(ours, multirun, prepare_data=not prints_config)
-        except ConfigError as err:
-            print(f"stabexp: error: {err}", file=sys.stderr)
-            return 2
+    try:
+        # Printing the config (--cfg) or the help needs no data; the help composes the config
+        # with the overrides too, so a bad one is the same one line as without --help.
+        multirun = check_overrides(ours, multirun, prepare_data=not (prints_config or wants_help))
+    except ConfigError as err:
+        print(f"stabexp: error: {err}", file=sys.stderr)
+        return 2
+    if wants_help:
+        # Hydra composes its help as one run, where a sweep is an error: show the config
+        # without the swept keys.
+        args = [a for a in args if a not in _sweeps(ours)]
+        multirun = False
     extra = []
     if multirun and not any(h.startswith("hydra.sweep.dir=") for h in hydra_overrides):
         # One sweep folder named from the whole sweep, so re-running it finds its jobs again.
