@@ -96,7 +96,6 @@ def test_a_seed_fixes_every_file_and_another_seed_changes_them(make_cfg, tmp_pat
     assert not a[0].loss.equals(c[0].loss) and a[1] != c[1]
 
 
-
 @pytest.mark.parametrize("task", ["reverse", "teacher"])
 @pytest.mark.parametrize("stream", ["train_batch", "init_batch", "eval_batch", "probe_batch"])
 def test_every_batch_stream_follows_the_seed(make_cfg, task, stream):
@@ -109,6 +108,7 @@ def test_every_batch_stream_follows_the_seed(make_cfg, task, stream):
 
     assert torch.equal(draw(3), draw(3))
     assert not torch.equal(draw(3), draw(4))
+
 
 def test_model_update_does_not_depend_on_the_probe_batch_size():
     torch.manual_seed(0)

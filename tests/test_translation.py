@@ -282,7 +282,6 @@ def test_beam_of_one_is_greedy_and_outputs_are_real_tokens(make_cfg):
     assert len(greedy(model, src, 1, 2, 0, limit)) == 2 and len(beam_search(model, src, 1, 2, 0, limit, 3)) == 2
 
 
-
 class _ScriptedDecoder:
     """A stand-in model whose next-token probabilities depend only on the output prefix
     (PAD 0, BOS 1, EOS 2, A 3, B 4): greedy takes A (0.55) and then must end on a poor EOS
@@ -312,6 +311,7 @@ def test_beam_search_finds_the_sentence_greedy_misses():
     assert greedy(model, src, 1, 2, 0, 5) == [[3]]  # ln .55 + ln .34: mean -0.84
     assert beam_search(model, src, 1, 2, 0, 5, beam=1) == [[3]]
     assert beam_search(model, src, 1, 2, 0, 5, beam=2) == [[4]]  # ln .45 + ln .95: mean -0.43
+
 
 # --- downloads, against a loopback server ---------------------------------------------------------
 
