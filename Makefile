@@ -8,8 +8,9 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 # The presets of conf/experiment, cheapest first; `make reproduce SCALE=quick` for a quick pass.
-# multi30k_table downloads Multi30k into $STABEXP_DATA on first use.
-PRESETS := admin_output_change grad_at_init deepnet_early deepnet_depth depth_table smd multi30k_table
+# The Multi30k presets (admin_clinic, *_paper, multi30k_table) download it into $STABEXP_DATA on first use.
+PRESETS := admin_output_change grad_at_init admin_clinic deepnet_early deepnet_depth depth_table smd \
+           deepnet_depth_paper deepnet_early_paper multi30k_table
 SCALE   ?= default
 
 .PHONY: install run reproduce docs-figures test plots bench

@@ -21,7 +21,10 @@ PRESETS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
 FIGURES = sorted(p.stem[len("fig_"):] for p in (ROOT / "scripts").glob("fig_*.py"))
 # Fewer steps than scale=quick itself, to keep the suite fast; the at-init presets train 0 steps.
 SHORT = ["train.steps=12", "probe.first_steps=4", "probe.every=4", "train.eval_every=6"]
-TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd", "multi30k_table"}
+TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd", "multi30k_table", "deepnet_early_paper",
+          "deepnet_depth_paper"}
+# Presets on Multi30k: the toy corpus stands in for it.
+ON_MULTI30K = {"multi30k_table", "admin_clinic", "deepnet_early_paper", "deepnet_depth_paper"}
 
 
 def _cli(outputs: Path, *args):
@@ -39,7 +42,7 @@ def quick_outputs(tmp_path_factory, corpus_dir):
     outputs = tmp_path_factory.mktemp("reproduce") / "outputs"
     for preset in PRESETS:
         extra = list(SHORT) if preset in TRAINS else []
-        if preset == "multi30k_table":
+        if preset in ON_MULTI30K:
             extra += [o for o in translation_overrides(corpus_dir) if not o.startswith("task=")]
         result = _cli(outputs, "run", f"experiment={preset}", "scale=quick", *extra)
         assert result.returncode == 0, result.stderr[-2000:]
@@ -61,7 +64,7 @@ def test_every_preset_composes_to_a_valid_multirun(preset, scale):
     assert str(cfg.hydra.mode).endswith("MULTIRUN")
     assert cfg.experiment == preset and cfg.scale == scale
     params = dict(cfg.hydra.sweeper.params)
-    assert set(params) <= {"group", "depth", "seed", "optim", "train.lr", "optim.weight_decay"}
+    assert set(params) <= {"group", "depth", "seed", "model", "optim", "train.lr", "optim.weight_decay"}
     if scale == "quick":
         assert cfg.model.d_model == 16 and params.get("depth", "2,3,4") == "2,3,4"
         assert cfg.depth <= 4 or "depth" in params
@@ -100,6 +103,12 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     assert counts["deepnet_early"] == 6 and counts["deepnet_depth"] == 6 * 3
     assert counts["admin_output_change"] == 3 * 3 * 3 and counts["smd"] == 3
     assert counts["multi30k_table"] == 6 * 3
+    assert counts["admin_clinic"] == 3 * 5 and counts["deepnet_early_paper"] == 3
+    assert counts["deepnet_depth_paper"] == 2 * 3 and counts["grad_at_init"] == 3 * 3 * 8
+    paper_recipe = runs[runs.experiment.str.endswith("_paper")]
+    assert paper_recipe.test_bleu.isna().all() and paper_recipe.task.eq("multi30k").all()
+    first_lr = metrics[metrics.experiment.str.endswith("_paper") & (metrics.step == 1)].lr
+    assert first_lr.eq(1e-7).all() and len(first_lr) == 3 + 6  # fairseq's warm-up from 1e-7
     translated = runs[runs.experiment == "multi30k_table"]
     assert translated.test_bleu.between(0, 100).all() and (translated.task == "multi30k").all()
     trained = runs[runs.experiment.isin(TRAINS) & (runs.status == "completed")]
@@ -130,7 +139,8 @@ def test_report_prints_the_fits(quick_outputs):
     sweep = quick_outputs.outputs / "multirun" / "experiment=admin_output_change__scale=quick"
     result = _cli(quick_outputs.outputs, "report", str(sweep))
     assert result.returncode == 0, result.stderr
-    assert "| group | points | sublayers | change_at_min | change_at_max | linear_r2 | log_r2 |" in result.stdout
+    assert ("| group | points | sublayers | change_at_min | change_at_max | linear_r2 | log_r2 | seed_linear_r2 "
+            "| seed_log_r2 |") in result.stdout
     # The printed fits are stabexp.analysis's on the same runs.
     from stabexp.analysis import last_w2_grad, output_change_fits, output_change_table, w2_grad_slopes
     from stabexp.plotting.collect import collect
@@ -147,6 +157,16 @@ def test_report_prints_the_fits(quick_outputs):
     assert len(slopes) == 3
     for _, row in slopes.iterrows():
         assert f"| {row.group} | {row.points} | {row.slope:+.3f} | {row.r2:.3f} |" in printed
+    sweep = next((quick_outputs.outputs / "multirun").glob("experiment=admin_clinic__*"))
+    printed = _cli(quick_outputs.outputs, "report", str(sweep)).stdout
+    from stabexp.analysis import clinic_fits, encoder_input_change
+
+    clinic = clinic_fits(encoder_input_change(collect(sweep)["layers"]))
+    assert len(clinic) == 3 and (clinic.sublayers == 8).all() and (clinic.runs == 5).all()
+    for _, row in clinic.iterrows():
+        assert (f"| {row.model} | {row.group} | 5 | 8 | {row.change_at_1:.3g} | {row.change_at_last:.3g} | "
+                f"{row.linear_r2:.3f} | {row.log_r2:.3f} | {row.seed_linear_r2} | {row.seed_log_r2} |") in printed
+    assert "Post-LN / Pre-LN at the last sublayer (paper: about 13 at 200 sublayers)" in printed
     sweep = next((quick_outputs.outputs / "multirun").glob("experiment=depth_table__*"))  # + SHORT
     table = _cli(quick_outputs.outputs, "report", str(sweep))
     assert "| group | 2L-2L | 3L-3L | 4L-4L |" in table.stdout

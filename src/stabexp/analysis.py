@@ -3,8 +3,11 @@
 - Admin's Theorem 2 (Liu et al. 2020, Sec. 3): output change against the number of sublayers N,
   fitted both as a + b N (Post-LN's expected shape) and as a + b ln N (Pre-LN's and Admin's);
   each fit's R^2 says which shape the data follow.
+- The same theorem as Transformer-Clinic measures it: the change of each sublayer's input along
+  ONE deep encoder, fitted linear and log in the sublayer index i (clinic_fits).
 - Gradient at init against depth (Xiong et al. 2020, Sec. 3): the slope of log ||grad W_2|| on
   log L, 0 for a depth-independent gradient and -1/2 for one shrinking like 1/sqrt(L).
+Every fitted number comes with its spread over seeds: one draw is not a result.
 """
 
 from __future__ import annotations
@@ -66,12 +69,18 @@ def output_change_fits(table: pd.DataFrame) -> pd.DataFrame:
             continue  # two depths fit any two-parameter curve exactly
         fits = linear_and_log_fits(rows.sublayers, rows.output_change)
         means = rows.groupby("sublayers").output_change.mean()
+        per_seed = [linear_and_log_fits(r.sublayers, r.output_change) for _, r in rows.groupby("seed")
+                    if r.sublayers.nunique() >= 3]
+        linear = spread(f["linear"]["r2"] for f in per_seed) if per_seed else None
+        log = spread(f["log"]["r2"] for f in per_seed) if per_seed else None
         out.append({"group": group, "points": len(rows),
                     "sublayers": f"{means.index.min()}-{means.index.max()}",
                     "change_at_min": means.iloc[0], "change_at_max": means.iloc[-1],
                     "linear_slope": fits["linear"]["slope"], "linear_intercept": fits["linear"]["intercept"],
                     "linear_r2": fits["linear"]["r2"], "log_slope": fits["log"]["slope"],
-                    "log_intercept": fits["log"]["intercept"], "log_r2": fits["log"]["r2"]})
+                    "log_intercept": fits["log"]["intercept"], "log_r2": fits["log"]["r2"],
+                    "seed_linear_r2": f"{linear['min']:.3f}-{linear['max']:.3f}" if linear else "-",
+                    "seed_log_r2": f"{log['min']:.3f}-{log['max']:.3f}" if log else "-"})
     return pd.DataFrame(out)
 
 
@@ -87,13 +96,21 @@ def last_w2_grad(layers: pd.DataFrame) -> pd.DataFrame:
 
 
 def w2_grad_slopes(table: pd.DataFrame) -> pd.DataFrame:
-    """Per group: log-log slope of the last W_2 gradient on depth (0: flat, -0.5: 1/sqrt(L))."""
+    """Per group: log-log slope of the last W_2 gradient on depth (0: flat, -0.5: 1/sqrt(L)),
+    fitted over every point (slope, r2), and fitted per seed: the spread of those slopes is
+    what a new seed can move the number by. With the same depths for every seed the slope over
+    every point is the mean of the per-seed slopes, so seed_slope_sd / sqrt(seeds) is its
+    standard error."""
     out = []
     for group, rows in table.groupby("group"):
         if rows.depth.nunique() < 2:
             continue
         fit = loglog_slope(rows.depth, rows.w2_grad_norm)
-        out.append({"group": group, "points": len(rows), "slope": fit["slope"], "r2": fit["r2"]})
+        per_seed = [loglog_slope(r.depth, r.w2_grad_norm) for _, r in rows.groupby("seed") if r.depth.nunique() >= 2]
+        slopes = spread(f["slope"] for f in per_seed)
+        out.append({"group": group, "points": len(rows), "slope": fit["slope"], "r2": fit["r2"],
+                    "seeds": slopes["n"], "seed_slope_sd": slopes["sd"], "seed_slope_min": slopes["min"],
+                    "seed_slope_max": slopes["max"]})
     return pd.DataFrame(out)
 
 
@@ -173,8 +190,76 @@ def preln_stream_growth(layers: pd.DataFrame) -> pd.DataFrame:
     rows["position"] = rows.groupby(["run", "stack"]).cumcount() + 1
     out = []
     for stack, r in rows.groupby("stack"):
-        mean_sq = r.assign(sq=r.ln_input_norm ** 2).groupby("position").sq.mean()
+        r = r.assign(sq=r.ln_input_norm ** 2)
+        mean_sq = r.groupby("position").sq.mean()
         fit = least_squares(mean_sq.index, mean_sq.values)
+        per_run = spread(least_squares(x.position, x.sq)["r2"] for _, x in r.groupby("run"))
         out.append({"stack": stack, "depth": int(r.depth.iloc[0]), "sublayers": len(mean_sq),
-                    "first": mean_sq.iloc[0], "last": mean_sq.iloc[-1], "slope": fit["slope"], "r2": fit["r2"]})
+                    "first": mean_sq.iloc[0], "last": mean_sq.iloc[-1], "slope": fit["slope"], "r2": fit["r2"],
+                    "runs": per_run["n"], "run_r2": f"{per_run['min']:.3f}-{per_run['max']:.3f}"})
+    return pd.DataFrame(out)
+
+
+# --- Admin Theorem 2 along one deep encoder (Transformer-Clinic's protocol) ----------------
+
+def spread(values) -> Dict[str, float]:
+    """Mean, sample standard deviation, min and max of a value measured once per seed."""
+    v = np.asarray(list(values), dtype=float)
+    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else float("nan"),
+            "min": float(v.min()), "max": float(v.max()), "n": int(len(v))}
+
+
+def encoder_input_change(layers: pd.DataFrame) -> pd.DataFrame:
+    """Per run: the change of each encoder sublayer's std-normalised input under Admin's
+    perturbation at init, with i = 1..2N its position from the bottom (sublayer i's input is the
+    output of i - 1 sublayers; i = 1 is the embedding). The encoder's inputs do not depend on the
+    decoder, so every encoder-decoder run gives one curve (REFERENCE.md Sec. 4)."""
+    columns = ["run", "group", "model", "depth", "seed", "index", "input_change"]
+    if layers.empty or "input_change" not in layers:
+        return pd.DataFrame(columns=columns)
+    rows = layers[(layers.step == 0) & (layers["stack"] == "encoder")].dropna(subset=["input_change"])
+    if "param" in rows:
+        rows = rows[rows.param.isna()]
+    rows = rows.assign(index=rows.groupby("run").cumcount() + 1)
+    return rows[columns].reset_index(drop=True)
+
+
+def clinic_fits(curves: pd.DataFrame) -> pd.DataFrame:
+    """Per model width and group, on the deepest encoder: the curves averaged over runs (seeds),
+    then fitted linear in i and log in i over every i; the same two fits of each run alone give
+    the R^2 range across seeds."""
+    out = []
+    for (model, group), rows in curves.groupby(["model", "group"]):
+        rows = rows[rows.depth == rows.depth.max()]
+        if rows["index"].nunique() < 3:
+            continue
+        mean = rows.groupby("index").input_change.mean()
+        fits = linear_and_log_fits(mean.index, mean.values)
+        per_run = [linear_and_log_fits(r["index"], r.input_change) for _, r in rows.groupby("run")]
+        linear = spread(f["linear"]["r2"] for f in per_run)
+        log = spread(f["log"]["r2"] for f in per_run)
+        out.append({"model": model, "group": group, "runs": len(per_run), "sublayers": int(mean.index.max()),
+                    "change_at_1": mean.iloc[0], "change_at_last": mean.iloc[-1],
+                    "linear_r2": fits["linear"]["r2"], "log_r2": fits["log"]["r2"],
+                    "seed_linear_r2": f"{linear['min']:.3f}-{linear['max']:.3f}",
+                    "seed_log_r2": f"{log['min']:.3f}-{log['max']:.3f}",
+                    "linear_slope": fits["linear"]["slope"], "linear_intercept": fits["linear"]["intercept"],
+                    "log_slope": fits["log"]["slope"], "log_intercept": fits["log"]["intercept"]})
+    return pd.DataFrame(out)
+
+
+def clinic_ratio(curves: pd.DataFrame, top: str = "postln", bottom: str = "preln") -> pd.DataFrame:
+    """Per model width: `top` / `bottom` at the last sublayer of the deepest encoder, from the
+    curves averaged over seeds, and its range over seeds (runs paired by seed)."""
+    out = []
+    for model, rows in curves.groupby("model"):
+        rows = rows[rows.depth == rows.depth.max()]
+        last = rows[rows["index"] == rows["index"].max()]
+        a, b = (last[last.group == g].set_index("seed").input_change for g in (top, bottom))
+        if a.empty or b.empty:
+            continue
+        paired = (a / b).dropna()
+        s = spread(paired) if len(paired) else {"min": float("nan"), "max": float("nan")}
+        out.append({"model": model, "sublayers": int(last["index"].iloc[0]), "ratio": a.mean() / b.mean(),
+                    "seed_range": f"{s['min']:.1f}-{s['max']:.1f}", "seeds": len(paired)})
     return pd.DataFrame(out)

@@ -129,6 +129,8 @@ class TaskConfig:
     subword: str = "bpe"       # bpe | unigram (sentencepiece), learned jointly on the train split
     bleu_sentences: int = 0    # validation pairs (the first n) translated for valid_bleu; 0: all
     beam: int = 1              # 1: greedy decoding; > 1: beam search of that width
+    bleu: bool = True          # false: no valid_bleu and no test translations (losses only),
+                               # for runs too short or too big for decoding to mean anything
 
 
 @dataclass
@@ -150,6 +152,9 @@ class TrainConfig:
     # learns without warm-up on the reverse task (README, "What it shows").
     lr: float = 1e-3
     warmup_steps: int = 100     # linear warm-up length, for schedules that warm up
+    warmup_init_lr: Optional[float] = None  # the lr of the first update, fairseq's
+                                # --warmup-init-lr (DeepNet Table 4: 1e-7); null: the warm-up
+                                # starts at lr / warmup_steps (train/schedule.py)
     schedule: str = "group"     # the group's lr schedule, or one of SCHEDULES to override it
     batch_size: int = 64        # sentences per batch; translation: at most so many (0: no limit,
                                 # with max_tokens), fairseq's --batch-size
@@ -172,6 +177,9 @@ class ProbeConfig:
     # Before training: Admin's output change and the gradient at init (probes/at_init.py),
     # written into the step-0 rows. With train.steps=0 a run measures only this.
     at_init: bool = False
+    perturbation_draws: int = 1  # at_init: Admin's delta drawn so many times, changes averaged
+    grad_batches: int = 1       # at_init: batches the gradient at init is averaged over (norms
+                                # per batch, then the mean); 0: no gradient at init
     # Norm, angular update and effective lr of every weight matrix (probes/weights.py) in the
     # layers rows of each probe step, plus which weights are scale-invariant.
     weights: bool = False
@@ -293,6 +301,9 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.steps >= 0, "train.steps", tr.steps, "must be an integer >= 0 (0 = probes at init only)")
     _need(tr.lr > 0, "train.lr", tr.lr, "must be > 0")
     _need(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, "must be >= 0")
+    if tr.warmup_init_lr is not None:
+        _need(0.0 <= tr.warmup_init_lr <= tr.lr, "train.warmup_init_lr", tr.warmup_init_lr,
+              f"must be in [0, train.lr={tr.lr}] (or null)")
     _need(tr.schedule in ("group", *SCHEDULES), "train.schedule", tr.schedule,
           f"one of group, {', '.join(SCHEDULES)}")
     _need(tr.batch_size >= 1 or (tr.batch_size == 0 and tr.max_tokens > 0), "train.batch_size", tr.batch_size,
@@ -312,3 +323,5 @@ def validate(cfg: DictConfig) -> None:
     _need(p.first_steps >= 0, "probe.first_steps", p.first_steps, "must be >= 0")
     _need(p.log_every >= 1, "probe.log_every", p.log_every, "must be an integer >= 1")
     _need(p.enabled or not p.at_init, "probe.at_init", p.at_init, "needs probe.enabled=true")
+    _need(p.perturbation_draws >= 1, "probe.perturbation_draws", p.perturbation_draws, "must be an integer >= 1")
+    _need(p.grad_batches >= 0, "probe.grad_batches", p.grad_batches, "must be >= 0 (0: no gradient at init)")

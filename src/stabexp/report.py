@@ -14,7 +14,11 @@ from typing import List, Optional
 
 import pandas as pd
 
+from stabexp import paper
 from stabexp.analysis import (
+    clinic_fits,
+    clinic_ratio,
+    encoder_input_change,
     last_w2_grad,
     output_change_fits,
     output_change_table,
@@ -72,13 +76,14 @@ def fits_section(tables) -> List[str]:
         lines += ["", "Output change against the number of sublayers N (Admin Theorem 2): "
                   "fits over every seed, c ~ a + b N and c ~ a + b ln N.", ""]
         lines += _markdown(fits[["group", "points", "sublayers", "change_at_min", "change_at_max",
-                                 "linear_r2", "log_r2"]],
+                                 "linear_r2", "log_r2", "seed_linear_r2", "seed_log_r2"]],
                            {"change_at_min": "{:.3g}", "change_at_max": "{:.3g}",
                             "linear_r2": "{:.3f}", "log_r2": "{:.3f}"})
         means = change[change.sublayers == change.sublayers.max()].groupby("group").output_change.mean()
         if {"postln", "preln"} <= set(means.index):
             lines += ["", f"Post-LN / Pre-LN output change at {change.sublayers.max()} sublayers: "
                       f"{means['postln'] / means['preln']:.2f}"]
+    lines += clinic_section(tables["layers"])
     runs = tables["runs"]
     smd = (smd_equilibrium(runs, tables["layers"])
            if "theory_angular_update" in runs and runs.theory_angular_update.notna().any() else pd.DataFrame())
@@ -95,12 +100,39 @@ def fits_section(tables) -> List[str]:
     if not slopes.empty:
         lines += ["", "Last decoder W_2 gradient at init against depth L (Xiong et al. 2020): "
                   "log-log slope (0: flat, -0.5: 1/sqrt(L)).", ""]
-        lines += _markdown(slopes, {"slope": "{:+.3f}", "r2": "{:.3f}"})
+        lines += _markdown(slopes, {"slope": "{:+.3f}", "r2": "{:.3f}", "seed_slope_sd": "{:.3f}",
+                                    "seed_slope_min": "{:+.3f}", "seed_slope_max": "{:+.3f}"})
     growth = preln_stream_growth(tables["layers"])
     if not growth.empty:
         lines += ["", "Pre-LN residual stream at init (Xiong et al. 2020): squared norm of each sublayer's "
                   "input against its position, linear fit.", ""]
         lines += _markdown(growth, {"first": "{:.1f}", "last": "{:.1f}", "slope": "{:.2f}", "r2": "{:.3f}"})
+    return lines
+
+
+def clinic_section(layers: pd.DataFrame) -> List[str]:
+    """Admin Theorem 2 along the deepest encoder of each width (Transformer-Clinic's protocol),
+    with the paper's fits beside ours."""
+    curves = encoder_input_change(layers)
+    fits = clinic_fits(curves) if not curves.empty else pd.DataFrame()
+    if fits.empty:
+        return []
+    rank = {g: i for i, g in enumerate(ordered_groups(fits.group))}
+    fits = fits.assign(rank=fits.group.map(rank)).sort_values(["model", "rank"])
+    fits = fits.assign(paper=[", ".join(f"{k} {v}" for k, v in paper.ADMIN_FIT_R2.get(g, {}).items()) or "-"
+                              for g in fits.group])
+    lines = ["", "Change of each encoder sublayer's std-normalised input at init along the deepest encoder "
+             "(Transformer-Clinic's protocol; per token, mean over runs, then fitted over i = 1..sublayers; "
+             "seed_*: the same fits per run, min-max). paper: R^2 of the fits of Admin's Fig. 4.", ""]
+    lines += _markdown(fits[["model", "group", "runs", "sublayers", "change_at_1", "change_at_last", "linear_r2",
+                             "log_r2", "seed_linear_r2", "seed_log_r2", "paper"]],
+                       {"change_at_1": "{:.3g}", "change_at_last": "{:.3g}", "linear_r2": "{:.3f}",
+                        "log_r2": "{:.3f}"})
+    ratio = clinic_ratio(curves)
+    if not ratio.empty:
+        lines += ["", f"Post-LN / Pre-LN at the last sublayer (paper: about {paper.ADMIN_POSTLN_OVER_PRELN:.0f} "
+                  "at 200 sublayers):", ""]
+        lines += _markdown(ratio, {"ratio": "{:.2f}"})
     return lines
 
 

@@ -130,7 +130,8 @@ class TranslationTask(Task):
                               for chunk in by_length([len(s) for s in self.valid.src], t.eval_batch_size)]
         # The probes' fixed input x: the first validation pairs.
         self._probe = self._collate(self.valid, range(min(t.probe_batch_size, len(self.valid.src))))
-        self.bleu_indices = list(range(min(t.bleu_sentences or len(self.valid.src), len(self.valid.src))))
+        self.bleu_indices = (list(range(min(t.bleu_sentences or len(self.valid.src), len(self.valid.src))))
+                             if t.bleu else [])
 
     # --- data ------------------------------------------------------------------------------
 
@@ -206,16 +207,19 @@ class TranslationTask(Task):
 
     def finish(self, model, out_dir: Path) -> Dict:
         """Test loss, perplexity and BLEU of the whole test split; its translations go to
-        out_dir/test_translations.tsv (source, hypothesis, reference per line)."""
+        out_dir/test_translations.tsv (source, hypothesis, reference per line). With
+        task.bleu=false, the losses only."""
         test = self.test
         with eval_mode(model):
             s = self._scores(model, [self._collate(test, chunk)
                                      for chunk in by_length([len(x) for x in test.src], self.cfg.eval_batch_size)])
+            scores = {"test_loss": s["loss"], "test_ppl": s["ppl"], "test_acc": s["acc"]}
+            if not self.cfg.bleu:
+                return scores
             hyps = self.translate(model, test.src)
         path = Path(out_dir) / "test_translations.tsv"
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f, delimiter="\t", lineterminator="\n")
             writer.writerow(["source", "hypothesis", "reference"])
             writer.writerows(zip(test.text.src, hyps, test.text.tgt))
-        return {"test_loss": s["loss"], "test_ppl": s["ppl"], "test_acc": s["acc"],
-                "test_bleu": corpus_bleu(hyps, test.text.tgt), "test_translations": path.name}
+        return {**scores, "test_bleu": corpus_bleu(hyps, test.text.tgt), "test_translations": path.name}

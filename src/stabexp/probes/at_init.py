@@ -92,3 +92,13 @@ def grad_at_init(model: Seq2SeqTransformer, batch, loss: Optional[Callable] = No
     w2_by_index = dict(zip(ffn, values[1 + n:]))
     return {"grad_norm": values[0], "sublayer_grad_norm": values[1:1 + n],
             "w2_grad_norm": [w2_by_index.get(i) for i in range(n)]}
+
+
+def mean_of(results: List[Dict]) -> Dict:
+    """The element-wise mean of several results of one probe (numbers, or lists of numbers with
+    None where a sublayer has no value)."""
+    def mean(values):
+        if isinstance(values[0], list):
+            return [mean(list(column)) for column in zip(*values)]
+        return None if values[0] is None else sum(values) / len(values)
+    return {key: mean([r[key] for r in results]) for key in results[0]}

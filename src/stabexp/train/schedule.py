@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 
-def lr_factor(schedule: str, step: int, warmup_steps: int) -> float:
+def lr_factor(schedule: str, step: int, warmup_steps: int, init_factor: Optional[float] = None) -> float:
+    """`init_factor`: fairseq's --warmup-init-lr as a fraction of the peak lr, or None."""
     if schedule == "constant":
         # DeepNet's "Post-LN without warm-up": the peak lr from the first step.
         return 1.0
     if schedule == "warmup_inverse_sqrt":
-        # fairseq's inverse_sqrt (Vaswani et al. 2017 Sec. 5.3): linear warm-up to the peak over
-        # warmup_steps, then decay as sqrt(warmup_steps / t).
+        if init_factor is not None:
+            # fairseq's inverse_square_root_schedule.py, update for update: the scheduler sets
+            # warmup_init_lr before the first update and is stepped after each one, so update t
+            # runs at n = t - 1 completed updates: init + n (peak - init) / warmup_steps while
+            # n < warmup_steps, then peak sqrt(warmup_steps / n). DeepNet's Table 4 recipe
+            # (warm-up from 1e-7) is this form.
+            n = step - 1
+            if n < warmup_steps:
+                return init_factor + n * (1.0 - init_factor) / warmup_steps
+            return math.sqrt(warmup_steps / n)
+        # Without a start lr: linear warm-up to the peak over warmup_steps, reached at step
+        # warmup_steps, then decay as sqrt(warmup_steps / t) (Vaswani et al. 2017 Sec. 5.3).
         if warmup_steps <= 0:
             return 1.0 / math.sqrt(step)
         if step <= warmup_steps:

@@ -43,7 +43,7 @@ from stabexp.config import validate
 from stabexp.data import Task, make_task
 from stabexp.model import build_model, initialise
 from stabexp.probes import LayerProbe, model_update, rows_for_layers
-from stabexp.probes.at_init import grad_at_init, output_change
+from stabexp.probes.at_init import grad_at_init, mean_of, output_change
 from stabexp.probes.weights import WeightProbe, scale_invariance
 from stabexp.train.optim import build_optimizer
 from stabexp.train.schedule import lr_factor
@@ -179,8 +179,9 @@ class Run:
 
         self.opt = build_optimizer(cfg, model, device)
         schedule = cfg.group.schedule if t.schedule == "group" else t.schedule
+        init_factor = None if t.warmup_init_lr is None else t.warmup_init_lr / t.lr
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda i: lr_factor(schedule, i + 1, t.warmup_steps))
+            self.opt, lambda i: lr_factor(schedule, i + 1, t.warmup_steps, init_factor))
         self.probe = LayerProbe(model) if cfg.probe.enabled else None
         self.weights = WeightProbe(model) if cfg.probe.enabled and cfg.probe.weights else None
         if self.weights is not None:
@@ -211,16 +212,25 @@ class Run:
         self.record(0, None, None, None, at_init=self.probe_at_init() if cfg.probe.at_init else None)
 
     def probe_at_init(self) -> Dict:
-        """Admin's output change on the probe batch and the gradient at theta_0 on a batch of
-        the init stream (so the training batches stay those of a run without this probe)."""
-        cfg, model = self.cfg, self.model
-        change = output_change(model, self.probe_src, self.probe_tgt_in,
-                               generator=torch.Generator().manual_seed(cfg.seed))
-        grads = grad_at_init(model, self.task.init_batch(), self.task.loss)
+        """Admin's output change on the probe batch (mean over probe.perturbation_draws draws of
+        delta) and the gradient at theta_0 (mean over probe.grad_batches batches of the init
+        stream, so the training batches stay those of a run without this probe)."""
+        cfg, model, p = self.cfg, self.model, self.cfg.probe
+        generator = torch.Generator().manual_seed(cfg.seed)
+        change = mean_of([output_change(model, self.probe_src, self.probe_tgt_in, generator=generator)
+                          for _ in range(p.perturbation_draws)])
+        if p.grad_batches == 0:
+            n = len(change["input_change"])
+            return {**change, "grad_norm": None, "sublayer_grad_norm": [None] * n, "w2_grad_norm": [None] * n}
+        grads = mean_of([grad_at_init(model, self.task.init_batch(), self.task.loss)
+                         for _ in range(p.grad_batches)])
         return {**change, **grads}
 
     def is_eval_step(self, step: int) -> bool:
-        return step % self.train_cfg.eval_every == 0 or step == self.train_cfg.steps
+        # A run of 0 steps measures at init only (probe.at_init): scoring a validation split
+        # with a 100-layer d = 512 model would cost more than the probes.
+        t = self.train_cfg
+        return t.steps > 0 and (step % t.eval_every == 0 or step == t.steps)
 
     def is_probe_step(self, step: int) -> bool:
         p = self.cfg.probe

@@ -1,0 +1,51 @@
+"""The papers' own numbers that stabexp's figures and report put beside its measurements: values
+read off the papers' figures (by eye, so good to about the width of a line), and the fits the
+papers' curves give. One place, so that a figure and the report cannot disagree about them.
+
+Sources: Liu et al. 2020 (Admin, arXiv 2004.08249) Fig. 4 as Transformer-Clinic plots it; Wang et
+al. 2022 (DeepNet, arXiv 2203.00555 v1) Figs. 4 and 5. The protocols behind each are in the
+presets that reproduce them (conf/experiment/admin_clinic.yaml, deepnet_early_paper.yaml,
+deepnet_depth_paper.yaml).
+"""
+
+# Admin Fig. 4: change of sublayer i's std-normalised input (squared Frobenius norm over one
+# batch) along ONE 100-layer encoder at init, i = sublayer index -> value.
+ADMIN_INPUT_CHANGE = {
+    "postln": {1: 10, 10: 88, 20: 189, 50: 441, 100: 1094, 150: 1607, 200: 2170},
+    "preln": {1: 6, 10: 45, 20: 76, 50: 114, 100: 141, 150: 161, 200: 164},
+    "admin": {10: 48, 20: 80, 50: 109, 100: 133, 150: 151, 200: 152},
+}
+# R^2 of the fits of those curves over i (linear in i, log in i) and Post-LN / Pre-LN at i = 200.
+ADMIN_FIT_R2 = {"postln": {"linear": 0.991, "log": 0.75},
+                "preln": {"log": 0.987},
+                "admin": {"log": 0.995, "linear": 0.8}}
+ADMIN_POSTLN_OVER_PRELN = 13.0
+
+# DeepNet v1 Fig. 4: model update ||F(x, theta_i) - F(x, theta_0)|| of 18L-18L d = 512 models over
+# the first 30 updates (update -> value). Post-LN without warm-up stays flat near 28 after update 2.
+DEEPNET_EARLY_UPDATE = {
+    "postln": {0: 0.0, 1: 0.0, 2: 29.3},
+    "postln_warmup": {3: 0.2, 10: 4.0, 20: 14.0, 29: 21.6},
+    "postln_init": {10: 1.5, 20: 5.6, 29: 10.4},
+}
+# DeepNet v1 Fig. 5: the same update of 64-128-2 models against depth (N = M layers -> value);
+# the step and the lr are not stated. Post-LN jumps between 0.09 and 0.47 beyond 40L; DeepNorm
+# stays between these two values at every depth.
+DEEPNET_DEPTH_UPDATE = {"postln": {6: 0.017, 40: 0.1}}
+DEEPNET_DEPTH_DEEPNORM_RANGE = (0.001, 0.007)
+
+# Xiong et al. 2020 Sec. 3: log-log slope of the last W_2's gradient at init on depth.
+XIONG_W2_SLOPE = {"postln": 0.0, "preln": -0.5}
+# DeepNet v1 Fig. 4, lower panels: decoder gradient norm by layer (layer -> value; the update it
+# is taken at is not stated) and the LN input norms (per token, first and last update; which
+# stack is not stated) of the three curves.
+DEEPNET_EARLY_DECODER_GRAD = {
+    "postln": {1: 0.0, 14: 0.0, 18: 0.2},
+    "postln_warmup": {1: 0.0, 15: 0.3, 18: 0.8},
+    "postln_init": {1: 0.14, 18: 0.8},
+}
+DEEPNET_EARLY_LN_INPUT = {  # group -> {"ffn": (first, last), "attn": (first, last)}
+    "postln": {"ffn": (23.8, 30.2), "attn": (29.2, 38.0)},
+    "postln_warmup": {"ffn": (23.9, 23.9), "attn": (29.0, 29.0)},
+    "postln_init": {"ffn": (22.7, 22.7), "attn": (23.8, 23.8)},
+}
