@@ -34,18 +34,10 @@ DEEPNET_EARLY_UPDATE = {
 DEEPNET_DEPTH_UPDATE = {"postln": {6: 0.017, 40: 0.1}}
 DEEPNET_DEPTH_DEEPNORM_RANGE = (0.001, 0.007)
 
-# Xiong et al. 2020 Sec. 3: log-log slope of the last W_2's gradient at init on depth.
-XIONG_W2_SLOPE = {"postln": 0.0, "preln": -0.5}
-# DeepNet v1 Fig. 4, lower panels: decoder gradient norm by layer (layer -> value; the update it
-# is taken at is not stated) and the LN input norms (per token, first and last update; which
-# stack is not stated) of the three curves.
+# DeepNet v1 Fig. 4, lower panel: decoder gradient norm by layer (layer -> value; the update it
+# is taken at is not stated) of the three curves.
 DEEPNET_EARLY_DECODER_GRAD = {
     "postln": {1: 0.0, 14: 0.0, 18: 0.2},
     "postln_warmup": {1: 0.0, 15: 0.3, 18: 0.8},
     "postln_init": {1: 0.14, 18: 0.8},
-}
-DEEPNET_EARLY_LN_INPUT = {  # group -> {"ffn": (first, last), "attn": (first, last)}
-    "postln": {"ffn": (23.8, 30.2), "attn": (29.2, 38.0)},
-    "postln_warmup": {"ffn": (23.9, 23.9), "attn": (29.0, 29.0)},
-    "postln_init": {"ffn": (22.7, 22.7), "attn": (23.8, 23.8)},
 }

@@ -55,6 +55,38 @@ def run_labels(runs: pd.DataFrame) -> dict:
     return labels
 
 
+def update_vs_depth(metrics: pd.DataFrame, extra: Optional[Callable] = None):
+    """DeepNet's model update against depth (v1 Fig. 5): a panel per update (1, 10 and the
+    last), a line per group, the mean over seeds at each depth; `extra(ax)` draws more on each
+    panel (a paper's values). None when there are fewer than two depths."""
+    from matplotlib.ticker import NullFormatter
+
+    data = metrics.dropna(subset=["model_update"])
+    if data.empty or data.depth.nunique() < 2:
+        return None
+    steps = sorted({1, 10, int(data.step.max())} & set(data.step.unique()))
+    depths = sorted(data.depth.unique())
+    fig, axes = plt.subplots(1, len(steps), squeeze=False,
+                             figsize=(FIGSIZE_PER_PANEL[0] * len(steps), FIGSIZE_PER_PANEL[1]))
+    for ax, step in zip(axes[0], steps):
+        at_step = data[data.step == step]
+        for group in ordered_groups(at_step.group):
+            rows = at_step[at_step.group == group].groupby("depth").model_update.mean()
+            ax.plot(rows.index, rows.values, marker="o", ms=4, color=group_color(group), label=group)
+        if extra is not None:
+            extra(ax)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(depths, [str(d) for d in depths])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("depth N (N L-N L)")
+        ax.set_ylabel("model update ||F(x,θ_i) − F(x,θ_0)||")
+        ax.set_title(f"step {step}")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 # --- reading the collected tables ------------------------------------------------------------
 
 TABLES = ("runs", "metrics", "layers")
