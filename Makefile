@@ -5,7 +5,11 @@ BIN    := $(VENV)/bin
 # The CPU build of torch by default (a plain `torch` would pull a multi-GB CUDA build);
 # GPU users: `make install TORCH=torch` (or any pip requirement) before anything else.
 TORCH  ?= torch==2.13.0
-STAMP  := $(VENV)/.installed
+# Optional extras of the package: `make install EXTRAS=test,launchers` adds Hydra's joblib and
+# submitit launchers (SLURM); `make test` installs both, the launcher tests need them.
+EXTRAS ?= test
+comma  := ,
+STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 # The presets of conf/experiment, cheapest first; `make reproduce SCALE=quick` for a quick pass.
 # The Multi30k presets (admin_clinic, *_paper, multi30k_table) download it into $STABEXP_DATA on first use.
@@ -20,14 +24,15 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 # The headline: DeepNet's early-training experiment at 18L-18L (every group, 300 steps).
 run: install
 	$(BIN)/stabexp run experiment=deepnet_early
 	$(BIN)/python scripts/make_plots.py
-	@echo "Run folders: outputs/multirun/experiment=deepnet_early/ ; figures: outputs/figures/"
+	$(BIN)/stabexp report "$${STABEXP_OUTPUTS:-outputs}/multirun/experiment=deepnet_early"
+	@echo "Run folders: $${STABEXP_OUTPUTS:-outputs}/multirun/experiment=deepnet_early/ ; figures: outputs/figures/"
 
 # Every preset (about three hours on 2 cores at the default scale), then every figure.
 reproduce: install
@@ -41,7 +46,8 @@ docs-figures:
 	mkdir -p docs/figures
 	cp outputs/figures/*.png docs/figures/
 
-test: install
+test:
+	$(MAKE) install EXTRAS=test,launchers
 	$(BIN)/python -m pytest tests
 
 plots: install

@@ -25,8 +25,8 @@ class ScriptedLosses(ReverseTask):
         return logits.sum() * 0.0 + next(self.losses)
 
 
-def _scripted_run(make_cfg, tmp_path, monkeypatch, losses):
-    cfg = make_cfg("group=postln", f"train.steps={len(losses)}", "train.explode_factor=4")
+def _scripted_run(make_cfg, tmp_path, monkeypatch, losses, *overrides):
+    cfg = make_cfg("group=postln", f"train.steps={len(losses)}", "train.explode_factor=4", *overrides)
     task = ScriptedLosses(losses, cfg.task.vocab_size, cfg.task.seq_len, 0, torch.device("cpu"), batch_size=8)
     monkeypatch.setattr(trainer, "make_task", lambda cfg, device: task)
     return trainer.train(cfg, tmp_path), task
@@ -55,6 +55,32 @@ def test_the_divergence_threshold_is_explode_factor_times_the_larger_of_chance_a
         assert metrics.step.iloc[-1] == diverged_at  # the diverging loss is the last row
         last = metrics.loss.iloc[-1]
         assert (math.isnan(last) and math.isnan(losses[diverged_at - 1])) or last == pytest.approx(losses[diverged_at - 1])
+
+
+@pytest.mark.parametrize("losses, diverged_at", [
+    ([3.0, 2.0, float("nan"), 2.0, 2.0, 2.0, 2.0, 2.0], 3),   # read at step 5, recorded at 3
+    ([3.0, 2.0, 2.0, 2.0, 2.0, 13.0, 2.0, 2.0], 6),           # read at the last step
+    ([3.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0], None),
+])
+def test_a_gpu_reads_losses_only_at_probe_steps_and_records_the_same_divergence(
+        make_cfg, tmp_path, monkeypatch, losses, diverged_at):
+    """On CUDA the host does not read each step's loss (no stall per step); the record is the
+    one a CPU run writes, reading every loss: same status, step and rows."""
+    overrides = ["probe.first_steps=0", "probe.every=5", "train.eval_every=5"]
+    every_step, _ = _scripted_run(make_cfg, tmp_path / "cpu", monkeypatch, losses, *overrides)
+    reads = []
+    real_diverged = trainer.Run.diverged
+    monkeypatch.setattr(trainer, "reads_loss_every_step", lambda device: False)
+    monkeypatch.setattr(trainer.Run, "diverged",
+                        lambda self: reads.append(len(self.pending)) or real_diverged(self))
+    lazy, _ = _scripted_run(make_cfg, tmp_path / "gpu", monkeypatch, losses, *overrides)
+    assert max(reads) > 1  # several steps' losses in one read
+    for key in ("status", "diverged_at_step", "steps_done", "first_loss", "last_loss", "final_eval_loss"):
+        assert lazy[key] == every_step[key] or (math.isnan(lazy[key]) and math.isnan(every_step[key]))
+    assert lazy["diverged_at_step"] == diverged_at
+    columns = ["step", "lr", "loss", "grad_norm", "model_update", "eval_loss"]
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "gpu" / "metrics.csv")[columns],
+                                  pd.read_csv(tmp_path / "cpu" / "metrics.csv")[columns])
 
 
 @pytest.mark.parametrize("status, skipped", [
@@ -87,10 +113,28 @@ def test_an_unexpected_error_is_recorded_as_failed_and_raised(make_cfg, tmp_path
     assert "RuntimeError: the data went away" in (tmp_path / "error.txt").read_text()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA to fail")
-def test_a_failed_run_exits_non_zero_through_the_cli(stabexp_cli):
-    r = stabexp_cli("run", *TINY, "train.device=cuda")
+def test_a_failed_run_exits_non_zero_through_the_cli(tmp_path):
+    """The CLI in a subprocess whose training batches raise: a failed run, exit code 1."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; import stabexp.data.reverse as r\n"
+            "def broken(self, n=None): raise RuntimeError('the data went away')\n"
+            "r.ReverseTask.train_batch = broken\n"
+            "from stabexp.cli import main\n"
+            f"sys.exit(main(['run', *{TINY!r}]))")
+    env = dict(os.environ, STABEXP_OUTPUTS=str(tmp_path / "outputs"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode != 0
-    run = next((stabexp_cli.outputs / "runs").iterdir())
+    run = next((tmp_path / "outputs" / "runs").iterdir())
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
-    assert (run / "error.txt").read_text().strip()
+    assert "the data went away" in (run / "error.txt").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_one_line_and_no_run(stabexp_cli):
+    r = stabexp_cli("run", *TINY, "train.device=cuda")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("stabexp: error: train.device=cuda is not allowed here")
+    assert not list(stabexp_cli.outputs.rglob("summary.json"))  # Hydra's own .hydra/ aside

@@ -244,6 +244,8 @@ def measure_memory(variant: str, size: str, depth: int, task: List[str], device:
 def run_bench(sizes, depths, steps, repeats, task_name: str, batch_size: int, max_tokens: int, memory: bool,
               out: Path, overrides: List[str] = ()) -> Dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"# device {device} ({name}), torch {torch.__version__}", file=sys.stderr, flush=True)
     task = task_overrides(task_name, batch_size, max_tokens) + list(overrides)
     rows = []
     for size in sizes:
@@ -260,7 +262,7 @@ def run_bench(sizes, depths, steps, repeats, task_name: str, batch_size: int, ma
                   file=sys.stderr, flush=True)
     batches = (f"batch {batch_size} x 10 tokens" if task_name == "reverse" else
                f"Multi30k De-En batches of at most {max_tokens} padded tokens")
-    report = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+    report = {"device": f"{device} ({name})" if device.type == "cuda" else str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
               "task": task_name, "batches": batches, "overrides": list(overrides), "steps_per_window": steps,
               "repeats": repeats, "rows": rows}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,8 @@ from stabexp.config import ConfigError, conf_dir, outputs_dir, run_name, unknown
 log = logging.getLogger("stabexp")
 
 USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one run, or a sweep with -m
-       stabexp list                                        the control groups and experiment presets
+       stabexp list [--config-dir DIR]                     the control groups and experiment presets
+       stabexp status [SWEEP_DIR]                          every run of a sweep: completed, running, ...
        stabexp report [SWEEP_DIR]                          a sweep as a markdown table (group x depth)
        stabexp bench [--sizes tiny,small] [--depths 6,18,50]  speed and memory against torch.nn.Transformer
 Examples:
@@ -79,8 +80,43 @@ def _sweeps(overrides: List[str]) -> List[str]:
     return [o.input_line for o in parsed if o.is_sweep_override()]
 
 
+# The user's config folders of this command (--config-dir, hydra.searchpath=[file://...]), set
+# by cmd_run / cmd_list: they extend the built-in conf/ the Hydra way.
+_user_dirs: List[Path] = []
+
+
+def user_config_dirs(args: List[str]) -> List[Path]:
+    """The folders a command line adds to Hydra's config search path: `--config-dir DIR` (or
+    -cd) and the file:// entries of `hydra.searchpath=[...]` (pkg:// entries are modules)."""
+    dirs = []
+    for i, a in enumerate(args):
+        if a in ("--config-dir", "-cd") and i + 1 < len(args):
+            dirs.append(args[i + 1])
+        elif a.startswith("--config-dir="):
+            dirs.append(a.split("=", 1)[1])
+        elif a.lstrip("+").startswith("hydra.searchpath="):
+            entries = a.split("=", 1)[1].strip("[]").split(",")
+            dirs += [e.strip().strip("'\"")[len("file://"):] for e in entries
+                     if e.strip().strip("'\"").startswith("file://")]
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise ConfigError(f"config folder {d} does not exist: --config-dir and hydra.searchpath "
+                              "take folders holding group/, model/, experiment/ ... of your own")
+    return [Path(d).resolve() for d in dirs]
+
+
+def _config_files(group: str) -> List[Path]:
+    """The yaml files of a config group, built-in then the user's (a user's file of the same
+    name wins, as in Hydra's search path)."""
+    files = {}
+    for root in (conf_dir(), *_user_dirs):
+        for path in sorted((root / group).glob("*.yaml")):
+            files[path.stem] = path
+    return [files[k] for k in sorted(files)]
+
+
 def _choices(group: str) -> List[str]:
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    return [p.stem for p in _config_files(group)]
 
 
 def _explain(override, line: str, err: Exception) -> str:
@@ -97,7 +133,8 @@ def _explain(override, line: str, err: Exception) -> str:
     return f"{line}: {first}"
 
 
-def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = True) -> bool:
+def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = True,
+                    config_dirs: List[Path] = ()) -> bool:
     """Compose and validate the config for each value every override takes, the sweep a preset
     declares (hydra.sweeper.params) included, and (prepare_data) fetch and check the data each
     distinct task needs; raise ConfigError. Return True when the run is a multirun (-m, or a
@@ -117,9 +154,13 @@ def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = T
         except Exception as err:
             raise ConfigError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
 
+    # The user's config folders, as Hydra adds --config-dir to its search path.
+    searchpath = ([f"hydra.searchpath=[{','.join('file://' + str(d) for d in config_dirs)}]"]
+                  if config_dirs else [])
+
     def compose_one(parsed, combo, **kwargs):
         try:
-            return compose(config_name="config", overrides=combo, **kwargs)
+            return compose(config_name="config", overrides=[*combo, *searchpath], **kwargs)
         except Exception as err:
             if not parsed:
                 raise ConfigError(str(err).splitlines()[0]) from None
@@ -212,12 +253,26 @@ def _hydra_main():
     def run(cfg) -> None:
         from stabexp.train.trainer import train
 
+        from stabexp.train.files import RunLocked
+        from stabexp.train.stop import RunStopped
+
         out_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
             summary = train(cfg, out_dir)
         except ConfigError as err:
             print(f"stabexp: error: {err}", file=sys.stderr)
             sys.exit(2)
+        except RunLocked as err:
+            if str(HydraConfig.get().mode) in ("MULTIRUN", "RunMode.MULTIRUN"):
+                # Another process runs this job (two launches of one sweep share the work).
+                log.warning("skipped: %s", err)
+                return
+            print(f"stabexp: error: {err}", file=sys.stderr)
+            sys.exit(2)
+        except RunStopped as stop:
+            print(f"stabexp: stopped by {stop}: {out_dir} has a checkpoint; the same command resumes it",
+                  file=sys.stderr)
+            sys.exit(128 + stop.signum)
         eval_loss, bleu = summary.get("final_eval_loss"), summary.get("test_bleu")
         log.info("%s: %s after %s steps, eval loss %s%s, results in %s", summary["group"],
                  summary["status"], summary.get("steps_done"),
@@ -228,6 +283,7 @@ def _hydra_main():
 
 
 def cmd_run(args: List[str]) -> int:
+    global _user_dirs
     ours, hydra_overrides, multirun, wants_help = _split_args(args)
     prints_config = bool({"--cfg", "-c"} & set(args))
     if prints_config and multirun:  # Hydra's own rule, which it reports with a traceback
@@ -237,7 +293,9 @@ def cmd_run(args: List[str]) -> int:
     try:
         # Printing the config (--cfg) or the help needs no data; the help composes the config
         # with the overrides too, so a bad one is the same one line as without --help.
-        multirun = check_overrides(ours, multirun, prepare_data=not (prints_config or wants_help))
+        _user_dirs = user_config_dirs(args)
+        multirun = check_overrides(ours, multirun, prepare_data=not (prints_config or wants_help),
+                                   config_dirs=_user_dirs)
     except ConfigError as err:
         print(f"stabexp: error: {err}", file=sys.stderr)
         return 2
@@ -265,21 +323,32 @@ def _preset_description(path: Path) -> str:
     return lines[0] if lines else ""
 
 
-def cmd_list() -> int:
+def cmd_list(args: List[str] = ()) -> int:
+    global _user_dirs
+    try:
+        _user_dirs = user_config_dirs(list(args))
+    except ConfigError as err:
+        print(f"stabexp: error: {err}", file=sys.stderr)
+        return 2
     rows = []
-    for path in sorted((conf_dir() / "group").glob("*.yaml")):
-        g = yaml.safe_load(path.read_text())
-        rows.append((g["name"], g.get("description", ""), g.get("citation", "")))
+    for path in _config_files("group"):
+        g = yaml.safe_load(path.read_text()) or {}
+        rows.append((g.get("name", path.stem), g.get("description", ""), g.get("citation", "")))
+    if not rows:
+        print(f"stabexp: error: no control group found in {conf_dir() / 'group'}: the package's configs "
+              "are missing (reinstall stabexp, or set STABEXP_CONF to a folder holding them)", file=sys.stderr)
+        return 1
     width = max(len(r[0]) for r in rows)
     print("Control groups (group=NAME):")
     for name, description, citation in rows:
         print(f"  {name:<{width}}  {description}")
         print(f"  {'':<{width}}  [{citation}]")
-    presets = sorted((conf_dir() / "experiment").glob("*.yaml"))
+    presets = _config_files("experiment")
     width = max((len(p.stem) for p in presets), default=0)
     print("\nExperiment presets (stabexp run experiment=NAME [scale=quick]; all: make reproduce):")
     for path in presets:
         print(f"  {path.stem:<{width}}  {_preset_description(path)}")
+    print(f"\nConfigs: {', '.join(str(d) for d in (conf_dir(), *_user_dirs))}; run folders: {outputs_dir()}")
     return 0
 
 
@@ -292,7 +361,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if command == "run":
         return cmd_run(rest)
     if command == "list":
-        return cmd_list()
+        return cmd_list(rest)
+    if command == "status":
+        from stabexp.status import main as status_main
+
+        return status_main(rest)
     if command == "report":
         from stabexp.report import main as report_main
 
@@ -301,7 +374,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from stabexp.bench import main as bench_main
 
         return bench_main(rest)
-    print(f"stabexp: error: unknown command {command!r}: use run, list, report or bench", file=sys.stderr)
+    print(f"stabexp: error: unknown command {command!r}: use run, list, status, report or bench", file=sys.stderr)
     return 2
 
 

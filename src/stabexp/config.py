@@ -22,21 +22,30 @@ class ConfigError(ValueError):
 
 # --- paths ---------------------------------------------------------------------------------
 
-def project_root() -> Path:
-    """The checkout that holds conf/ (stabexp is installed editable from it)."""
+def project_root() -> Optional[Path]:
+    """The checkout that holds conf/ when stabexp runs from one (editable install); None for a
+    plain install."""
     here = Path(__file__).resolve().parents[2]
-    if (here / "conf").is_dir():
-        return here
-    return Path.cwd()
+    return here if (here / "conf").is_dir() and (here / "src" / "stabexp").is_dir() else None
 
 
 def conf_dir() -> Path:
-    return Path(os.environ.get("STABEXP_CONF", project_root() / "conf")).resolve()
+    """The built-in configs: $STABEXP_CONF, else the checkout's conf/, else the copy that ships
+    inside the package (stabexp/conf, pyproject.toml's package-dir). Users add their own config
+    folders the Hydra way (--config-dir, hydra.searchpath), never by editing these."""
+    if os.environ.get("STABEXP_CONF"):
+        return Path(os.environ["STABEXP_CONF"]).resolve()
+    root = project_root()
+    return (root / "conf") if root is not None else Path(__file__).resolve().parent / "conf"
 
 
 def outputs_dir() -> Path:
-    """Where every run folder goes, whatever the working directory."""
-    return Path(os.environ.get("STABEXP_OUTPUTS", project_root() / "outputs")).resolve()
+    """Where every run folder goes: $STABEXP_OUTPUTS, else the checkout's outputs/, else
+    ./outputs of the working directory (a plain install)."""
+    if os.environ.get("STABEXP_OUTPUTS"):
+        return Path(os.environ["STABEXP_OUTPUTS"]).resolve()
+    root = project_root()
+    return ((root if root is not None else Path.cwd()) / "outputs").resolve()
 
 
 def run_name(overrides) -> str:
@@ -72,6 +81,7 @@ SCHEDULES = ("constant", "warmup_inverse_sqrt")
 ARCHS = ("transformer", "normmlp")
 TASKS_OF_ARCH = {"transformer": ("reverse", "translation"), "normmlp": ("teacher",)}
 SUBWORDS = ("bpe", "unigram")
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -166,6 +176,12 @@ class TrainConfig:
     explode_factor: float = 4.0  # loss > this x max(chance loss, first loss) counts as diverged
     device: str = "auto"        # auto (cuda when present), cpu or cuda
     threads: int = 0            # torch intra-op threads; 0 = torch's default
+    precision: str = "fp32"     # fp32, or bf16: the training forward and loss under bf16
+                                # autocast (weights, optimiser and every probe stay fp32)
+    compile: bool = False       # wrap the training forward in torch.compile (README, "GPU")
+    # A checkpoint every so many steps (and whenever the process is asked to stop), from which
+    # the same command resumes (train/checkpoint.py); 0: only when asked to stop.
+    checkpoint_every: int = 200
 
 
 @dataclass
@@ -318,6 +334,9 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.explode_factor > 1, "train.explode_factor", tr.explode_factor, "must be > 1")
     _need(tr.device in ("auto", "cpu", "cuda"), "train.device", tr.device, "one of auto, cpu, cuda")
     _need(tr.threads >= 0, "train.threads", tr.threads, "must be >= 0 (0 = torch default)")
+    _need(tr.precision in PRECISIONS, "train.precision", tr.precision, f"one of {', '.join(PRECISIONS)}")
+    _need(tr.checkpoint_every >= 0, "train.checkpoint_every", tr.checkpoint_every,
+          "must be an integer >= 0 (0: only when the process is asked to stop)")
     p = cfg.probe
     _need(p.every >= 1, "probe.every", p.every, "must be an integer >= 1")
     _need(p.first_steps >= 0, "probe.first_steps", p.first_steps, "must be >= 0")

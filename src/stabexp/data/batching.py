@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
-from stabexp.data.task import Batch
+from stabexp.data.task import Batch, to_device
 
 
 def length_batches(src_lens: torch.Tensor, tgt_lens: torch.Tensor, max_tokens: int, max_sentences: int,
@@ -50,6 +50,14 @@ class BatchStream:
                                            self.generator)[::-1]
         return self._batches.pop()
 
+    def state_dict(self) -> Dict:
+        """The generator and what is left of the current epoch, for a checkpoint."""
+        return {"generator": self.generator.get_state(), "batches": [b.clone() for b in self._batches]}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.generator.set_state(state["generator"])
+        self._batches = list(state["batches"])
+
 
 def collate(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], bos: int, eos: int, pad: int,
             device: torch.device) -> Batch:
@@ -57,12 +65,12 @@ def collate(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], bos: int
     BOS + target, tgt_out is target + EOS."""
     tgt_in = _padded([[bos, *t] for t in tgt], pad)
     tgt_out = _padded([[*t, eos] for t in tgt], pad)
-    return sources(src, eos, pad, device), tgt_in.to(device), tgt_out.to(device)
+    return sources(src, eos, pad, device), to_device(tgt_in, device), to_device(tgt_out, device)
 
 
 def sources(src: Sequence[Sequence[int]], eos: int, pad: int, device: torch.device) -> torch.Tensor:
     """Right-padded source ids, each ending with EOS."""
-    return _padded([[*s, eos] for s in src], pad).to(device)
+    return to_device(_padded([[*s, eos] for s in src], pad), device)
 
 
 def _padded(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ import math
 import torch
 
 from stabexp.data.streams import Batch, SeededStreams
+from stabexp.data.task import to_device
 
 BOS = 0
 
@@ -29,4 +30,4 @@ class ReverseTask(SeededStreams):
         src = torch.randint(1, self.vocab_size, (n, self.seq_len), generator=gen)
         tgt_out = src.flip(1)
         tgt_in = torch.cat([torch.full((n, 1), BOS, dtype=src.dtype), tgt_out[:, :-1]], dim=1)
-        return tuple(t.to(self.device) for t in (src, tgt_in, tgt_out))
+        return tuple(to_device(t, self.device) for t in (src, tgt_in, tgt_out))

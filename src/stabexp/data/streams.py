@@ -52,6 +52,15 @@ class SeededStreams(Task):
             self._probe_batch = self._make(self.probe_batch_size, self._probe)
         return self._probe_batch
 
+    def state_dict(self) -> Dict:
+        # The eval and probe batches are made once from their own seeds: nothing to keep.
+        return {**super().state_dict(), "train": self._train.get_state(), "init": self._init.get_state()}
+
+    def load_state_dict(self, state: Dict) -> None:
+        super().load_state_dict(state)
+        self._train.set_state(state["train"])
+        self._init.set_state(state["init"])
+
     def evaluate(self, model, step: int = 0) -> Dict[str, float]:
         """Teacher-forced loss and token accuracy on the fixed held-out batch."""
         with eval_mode(model):

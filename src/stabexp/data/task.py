@@ -65,6 +65,22 @@ class Task:
         """What summary.json records about the data (sizes, what was dropped, the vocabulary)."""
         return {}
 
+    def state_dict(self) -> Dict:
+        """Where the task's batch streams stand, for a checkpoint (train/checkpoint.py): a
+        resumed run draws the batches the uninterrupted run would have drawn."""
+        return {"target_tokens": self.target_tokens}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.target_tokens = state["target_tokens"]
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A batch tensor made on the CPU, on `device`: on CUDA through pinned memory and without
+    blocking, so feeding a batch does not stall the host behind the GPU's queue."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
 
 @contextmanager
 def eval_mode(model):

@@ -13,6 +13,7 @@ import math
 import torch
 
 from stabexp.data.streams import Batch, SeededStreams
+from stabexp.data.task import to_device
 
 
 class TeacherTask(SeededStreams):
@@ -34,5 +35,5 @@ class TeacherTask(SeededStreams):
         y = (torch.relu(x @ self.w1) @ self.w2).argmax(-1)
         flip = torch.rand(n, 1, generator=gen) < self.label_noise
         y = torch.where(flip, torch.randint(0, self.classes, (n, 1), generator=gen), y)
-        x, y = x.to(self.device), y.to(self.device)
+        x, y = to_device(x, self.device), to_device(y, self.device)
         return x, x, y  # the second slot is unused by NormMLP

@@ -144,6 +144,14 @@ class TranslationTask(Task):
         self.target_tokens += int(self._tgt_lens[indices].sum())
         return self._collate(self.train, indices.tolist())
 
+    def state_dict(self) -> Dict:
+        return {**super().state_dict(), "train": self._train.state_dict(), "init": self._init.state_dict()}
+
+    def load_state_dict(self, state: Dict) -> None:
+        super().load_state_dict(state)
+        self._train.load_state_dict(state["train"])
+        self._init.load_state_dict(state["init"])
+
     def init_batch(self):
         return self._collate(self.train, next(self._init).tolist())
 

@@ -8,6 +8,11 @@ Files (all in out_dir):
 - summary.json: status (running | completed | diverged | interrupted | failed), losses, timing,
   resolved constants, what the task says about its data; after a completed run, what the task
   measures at the end (translation: test BLEU, with test_translations.tsv).
+- checkpoint.pt while the run is unfinished (train/checkpoint.py), run.lock while a process
+  runs it (train/files.py).
+
+Running the same command again on the folder of an interrupted, killed or failed run resumes
+it from its checkpoint; a finished run is left as is unless overwrite=true.
 
 The trainer asks the task (data/) for batches, the loss and the eval columns, and the model for
 its outputs and residual sublayers; it knows neither's insides.
@@ -24,31 +29,32 @@ With probe.at_init the step-0 rows also hold the at-init probes (probes/at_init.
 
 from __future__ import annotations
 
-import csv
-import json
 import logging
 import math
-import os
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from stabexp import theory
-from stabexp.config import validate
+from stabexp.config import ConfigError, validate
 from stabexp.data import Task, make_task
 from stabexp.model import build_model, initialise
 from stabexp.probes import LayerProbe, model_update, rows_for_layers
 from stabexp.probes.at_init import grad_at_init, mean_of, output_change
 from stabexp.probes.weights import WeightProbe, scale_invariance
+from stabexp.train import checkpoint
+from stabexp.train.files import SUMMARY, CsvLog, RunLock, read_summary, write_json
 from stabexp.train.optim import build_optimizer
 from stabexp.train.schedule import lr_factor
+from stabexp.train.stop import RunStopped, StopRequests
 
 log = logging.getLogger("stabexp")
+
 
 def metrics_columns(eval_columns) -> list:
     """metrics.csv's header: the step's own columns, then the task's eval columns."""
@@ -61,44 +67,25 @@ LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "l
                   "input_change", "w2_grad_norm", "weight_norm", "angular_update",
                   "row_angular_update", "effective_lr", "scale_invariant", "elements"]
 FINISHED = ("completed", "diverged")
+# Columns and summary fields that hold wall-clock time: the only ones a resumed run may write
+# differently from an uninterrupted one.
+WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "resumed_from")
 
 
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        # Checked here, on the host that runs the job, not where a sweep is submitted from.
+        raise ConfigError("train.device=cuda is not allowed here: this torch sees no CUDA device "
+                          "(use train.device=cpu or auto)")
     return torch.device(name)
 
 
-def _write_json(path: Path, data: Dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=float) + "\n")
-    os.replace(tmp, path)
-
-
-def read_summary(out_dir: Path) -> Optional[Dict]:
-    path = Path(out_dir) / "summary.json"
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-
-
-class _CsvLog:
-    """Append-only CSV writer, flushed per write so an interrupted run keeps its rows."""
-
-    def __init__(self, path: Path, columns):
-        self.file = open(path, "w", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=columns)
-        self.writer.writeheader()
-
-    def write(self, rows) -> None:
-        self.writer.writerows(rows)
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
+def reads_loss_every_step(device: torch.device) -> bool:
+    """Whether the host reads every step's loss (exactly when it is computed), or only at the
+    steps that sync anyway (Run.must_sync): reading costs nothing on a CPU, a stall on a GPU."""
+    return device.type == "cpu"
 
 
 def group_name(cfg: DictConfig) -> str:
@@ -106,59 +93,88 @@ def group_name(cfg: DictConfig) -> str:
     return cfg.group.name if cfg.model.arch == "transformer" else cfg.model.arch
 
 
-def train(cfg: DictConfig, out_dir) -> Dict:
-    """Run one experiment; return its summary (also written to out_dir/summary.json).
-
-    A run that is already finished in out_dir is left untouched unless cfg.overwrite is set.
-    The task is built first, so bad data (a ConfigError) stops the run before anything is
-    written. A diverged run is a result (status "diverged"); an unexpected error during the run
-    is recorded as status "failed" and re-raised.
-    """
-    validate(cfg)
-    out_dir = Path(out_dir)
+def _finished(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
     previous = read_summary(out_dir)
     if previous and previous.get("status") in FINISHED and not cfg.overwrite:
         log.info("already %s, left as is: %s (overwrite=true runs it again)", previous["status"], out_dir)
         return previous
+    return None
+
+
+def train(cfg: DictConfig, out_dir) -> Dict:
+    """Run one experiment; return its summary (also written to out_dir/summary.json).
+
+    A run that is already finished in out_dir is left untouched unless cfg.overwrite is set; an
+    unfinished one with a checkpoint is resumed from it. The task is built first, so bad data
+    (a ConfigError) stops the run before anything is written. One process per folder: a second
+    one raises RunLocked. A diverged run is a result (status "diverged"); a run asked to stop
+    checkpoints and raises RunStopped; an unexpected error is recorded as status "failed" and
+    re-raised (its last checkpoint stays, so the same command resumes it).
+    """
+    validate(cfg)
+    out_dir = Path(out_dir)
+    if _finished(out_dir, cfg):
+        return read_summary(out_dir)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     task = make_task(cfg, _device(cfg.train.device))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    summary = {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
-               "group": group_name(cfg), "depth": cfg.depth,
-               "decoder_depth": cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth,
-               "seed": cfg.seed, "model": cfg.model.name, "d_model": cfg.model.d_model,
-               "task": cfg.task.name,
-               "steps": cfg.train.steps, "out_dir": str(out_dir)}
-    start = time.perf_counter()
+    lock = RunLock(out_dir).acquire()
     try:
-        summary.update(_train(cfg, out_dir, summary, start, task))
-    except KeyboardInterrupt:
-        summary.update(status="interrupted", wall_seconds=time.perf_counter() - start)
-        _write_json(out_dir / "summary.json", summary)
-        raise
-    except Exception as err:
-        summary.update(status="failed", error=f"{type(err).__name__}: {err}",
-                       wall_seconds=time.perf_counter() - start)
-        (out_dir / "error.txt").write_text(traceback.format_exc())
-        _write_json(out_dir / "summary.json", summary)
-        raise
-    _write_json(out_dir / "summary.json", summary)
-    return summary
+        done = _finished(out_dir, cfg)  # finished by the process that held the lock before us
+        if done:
+            return done
+        if lock.previous_holder:
+            log.warning("took over the lock of %s, which is no longer running", lock.previous_holder)
+        if cfg.overwrite:
+            checkpoint.remove(out_dir)
+        state = checkpoint.load(out_dir, cfg)
+        if state is None:
+            (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            summary = {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
+                       "group": group_name(cfg), "depth": cfg.depth,
+                       "decoder_depth": cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth,
+                       "seed": cfg.seed, "model": cfg.model.name, "d_model": cfg.model.d_model,
+                       "task": cfg.task.name,
+                       "steps": cfg.train.steps, "out_dir": str(out_dir)}
+        else:
+            summary = dict(state["summary"], status="running")
+            summary["resumed_from"] = [*summary.get("resumed_from", []), state["step"]]
+            log.info("resuming %s from its checkpoint at step %d", out_dir, state["step"])
+        start = time.perf_counter()
+        try:
+            summary.update(_train(cfg, out_dir, summary, start, task, state))
+        except (KeyboardInterrupt, RunStopped):
+            summary.update(status="interrupted", wall_seconds=summary.get("wall_seconds") or
+                           time.perf_counter() - start)
+            write_json(out_dir / SUMMARY, summary)
+            raise
+        except Exception as err:
+            summary.update(status="failed", error=f"{type(err).__name__}: {err}",
+                           wall_seconds=time.perf_counter() - start)
+            (out_dir / "error.txt").write_text(traceback.format_exc())
+            write_json(out_dir / SUMMARY, summary)
+            raise
+        write_json(out_dir / SUMMARY, summary)
+        checkpoint.remove(out_dir)
+        return summary
+    finally:
+        lock.release()
 
 
 class Run:
     """One run's live state: model, optimiser, data, probes and open files.
 
     train() drives it; the benchmark (bench.py) times `Run.step` itself, so both measure the
-    same code path.
+    same code path. `state`: a checkpoint to continue from (train/checkpoint.py), else a new run
+    that initialises the model and records step 0.
     """
 
     def __init__(self, cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task,
-                 show_progress: bool = True):
+                 show_progress: bool = True, state: Optional[Dict] = None):
         t = self.train_cfg = cfg.train
-        self.cfg, self.start, self.task = cfg, start, task
+        self.cfg, self.out_dir, self.summary, self.task = cfg, Path(out_dir), summary, task
+        # A resumed run's clock continues where the checkpoint left it (elapsed_s).
+        self.start = start - (state["elapsed"] if state else 0.0)
         if t.threads:
             torch.set_num_threads(t.threads)
         self.device = device = _device(t.device)
@@ -167,15 +183,14 @@ class Run:
 
         self.model = model = build_model(cfg, task.vocab_size, task.pad_id, task.max_positions).to(device)
         self.probe_tokens = model.feature_mask(self.probe_src, self.probe_tgt_in)
-        summary["constants"] = initialise(model, cfg.group.init, task.init_batch)
-        summary["chance_loss"] = task.chance_loss
-        summary.update(task.info())
-        o = cfg.optim
-        summary["optim"] = {"name": o.name, "lr": t.lr, "weight_decay": o.weight_decay,
-                            "momentum": o.momentum, "beta1": o.betas[0], "decay_on": o.decay_on}
-        if o.weight_decay > 0:
-            summary["theory"] = theory.equilibrium(o.name, t.lr, o.weight_decay, o.momentum, o.betas[0])
-        _write_json(out_dir / "summary.json", summary)  # status "running": visible while it trains
+        if state is None:
+            self._describe(summary)
+        else:
+            model.load_state_dict(state["model"])
+        # The training forward may be compiled; the probes run the eager model (same weights),
+        # whose per-sublayer hooks a compiled graph would not keep.
+        self.train_model = torch.compile(model) if t.compile else model
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16")
 
         self.opt = build_optimizer(cfg, model, device)
         schedule = cfg.group.schedule if t.schedule == "group" else t.schedule
@@ -185,31 +200,106 @@ class Run:
         self.probe = LayerProbe(model) if cfg.probe.enabled else None
         self.weights = WeightProbe(model) if cfg.probe.enabled and cfg.probe.weights else None
         if self.weights is not None:
-            self.scale_invariant = scale_invariance(model, lambda: model(self.probe_src, self.probe_tgt_in))
-            if "theory" in summary:
-                # Defined by the hyper-parameters alone only for AdamW (SGD's needs the gradients).
-                norms = {".".join(map(str, key)): theory.equilibrium_norm(o.name, t.lr, o.weight_decay, o.momentum,
-                                                                          elements=w.numel())
-                         for key, w in zip(self.weights.keys, self.weights.weights)}
-                summary["theory"]["equilibrium_norm"] = norms if any(norms.values()) else None
-                _write_json(out_dir / "summary.json", summary)
-        # Exploding = above explode_factor times the larger of the chance loss and the first
-        # loss (the first loss can sit far above chance: tied embeddings, strong identity path).
-        self.explode_at = float("inf")
-        self.metrics = _CsvLog(out_dir / "metrics.csv", metrics_columns(task.eval_columns))
-        self.layers = _CsvLog(out_dir / "layers.csv", LAYERS_COLUMNS)
+            if state is None:
+                self.scale_invariant = scale_invariance(model, lambda: model(self.probe_src, self.probe_tgt_in))
+                self._equilibrium_norms(summary)
+            else:
+                self.scale_invariant = state["probes"]["scale_invariant"]
+        if state is None:
+            write_json(self.out_dir / SUMMARY, summary)  # status "running": visible while it trains
+
+        # A CPU reads each loss at once (no cost); a GPU would stall behind its queue, so there
+        # the loss is checked on device and read at the steps that sync anyway (`must_sync`).
+        self.sync_every_step = reads_loss_every_step(device)
+        self.pending: List[Tuple[int, float, torch.Tensor]] = []  # (step, lr, loss) not read yet
         self.progress = _Progress(cfg, show_progress)
-        self.steps_done = 0
-        self.result = {"status": "completed", "diverged_at_step": None, "first_loss": None,
-                       "last_loss": None, "best_eval_loss": None, "final_eval_loss": None,
-                       "final_eval_acc": None}
-        self.features_init = None
-        if self.probe is not None:
-            with torch.no_grad():
-                model.eval()
-                self.features_init = model.features(self.probe_src, self.probe_tgt_in).clone()
-        model.train()
-        self.record(0, None, None, None, at_init=self.probe_at_init() if cfg.probe.at_init else None)
+        columns = metrics_columns(task.eval_columns)
+        if state is None:
+            # Exploding = above explode_factor times the larger of the chance loss and the first
+            # loss (the first loss can sit far above chance: tied embeddings, strong identity path).
+            self.explode_at = float("inf")
+            self.metrics = CsvLog(self.out_dir / "metrics.csv", columns)
+            self.layers = CsvLog(self.out_dir / "layers.csv", LAYERS_COLUMNS)
+            self.steps_done = 0
+            self.result = {"status": "completed", "diverged_at_step": None, "first_loss": None,
+                           "last_loss": None, "best_eval_loss": None, "final_eval_loss": None,
+                           "final_eval_acc": None}
+            self.features_init = None
+            if self.probe is not None:
+                with torch.no_grad():
+                    model.eval()
+                    self.features_init = model.features(self.probe_src, self.probe_tgt_in).clone()
+            model.train()
+            self.record(0, None, None, None, at_init=self.probe_at_init() if cfg.probe.at_init else None)
+        else:
+            self._restore(state, columns)
+
+    # --- a new run's description, a resumed run's state ---------------------------------------
+
+    def _describe(self, summary: Dict) -> None:
+        """Initialise the model and put what the run resolved into the summary."""
+        cfg, t, o = self.cfg, self.train_cfg, self.cfg.optim
+        summary["constants"] = initialise(self.model, cfg.group.init, self.task.init_batch)
+        summary["chance_loss"] = self.task.chance_loss
+        summary.update(self.task.info())
+        summary["device"] = str(self.device)
+        summary["precision"] = t.precision
+        summary["optim"] = {"name": o.name, "lr": t.lr, "weight_decay": o.weight_decay,
+                            "momentum": o.momentum, "beta1": o.betas[0], "decay_on": o.decay_on}
+        if o.weight_decay > 0:
+            summary["theory"] = theory.equilibrium(o.name, t.lr, o.weight_decay, o.momentum, o.betas[0])
+
+    def _equilibrium_norms(self, summary: Dict) -> None:
+        if "theory" not in summary:
+            return
+        o, t = self.cfg.optim, self.train_cfg
+        # Defined by the hyper-parameters alone only for AdamW (SGD's needs the gradients).
+        norms = {".".join(map(str, key)): theory.equilibrium_norm(o.name, t.lr, o.weight_decay, o.momentum,
+                                                                  elements=w.numel())
+                 for key, w in zip(self.weights.keys, self.weights.weights)}
+        summary["theory"]["equilibrium_norm"] = norms if any(norms.values()) else None
+
+    def checkpoint_state(self) -> Dict:
+        """Everything a resumed run needs (train/checkpoint.py), at the end of step steps_done."""
+        probes = {"features_init": self.features_init,
+                  "weights_previous": self.weights.previous if self.weights is not None else None,
+                  "scale_invariant": self.scale_invariant if self.weights is not None else None}
+        return {"config": checkpoint.config_text(self.cfg), "step": self.steps_done,
+                "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "schedule": self.sched.state_dict(), "rng": checkpoint.rng_state(),
+                "task": self.task.state_dict(), "probes": probes, "result": dict(self.result),
+                "explode_at": self.explode_at, "summary": self.summary,
+                "elapsed": time.perf_counter() - self.start,
+                "csv": {"metrics": self.metrics.position(), "layers": self.layers.position()}}
+
+    def _restore(self, state: Dict, columns) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["schedule"])
+        probes = state["probes"]
+        self.features_init = (probes["features_init"].to(self.device)
+                              if probes["features_init"] is not None else None)
+        if self.weights is not None:
+            torch._foreach_copy_(self.weights.previous, [w.to(self.device) for w in probes["weights_previous"]])
+        self.result, self.explode_at = dict(state["result"]), state["explode_at"]
+        self.steps_done = state["step"]
+        # Rows written after the checkpoint are cut: the resumed run writes them again.
+        self.metrics = CsvLog(self.out_dir / "metrics.csv", columns, resume_at=state["csv"]["metrics"])
+        self.layers = CsvLog(self.out_dir / "layers.csv", LAYERS_COLUMNS, resume_at=state["csv"]["layers"])
+        self.task.load_state_dict(state["task"])
+        self.progress.resume_at(self.steps_done)
+        self.model.train()
+        checkpoint.set_rng_state(state["rng"])  # last: building the run above drew from it
+
+    def save_checkpoint(self) -> None:
+        """The checkpoint, then summary.json saying where a resumed run would start
+        (`stabexp status` reads it there, without loading the checkpoint)."""
+        for log_file in (self.metrics, self.layers):
+            log_file.sync()
+        checkpoint.save(self.out_dir, self.checkpoint_state())
+        self.summary["checkpoint_step"] = self.steps_done
+        write_json(self.out_dir / SUMMARY, self.summary)
+
+    # --- probes at init --------------------------------------------------------------------------
 
     def probe_at_init(self) -> Dict:
         """Admin's output change on the probe batch (mean over probe.perturbation_draws draws of
@@ -226,6 +316,8 @@ class Run:
                          for _ in range(p.grad_batches)])
         return {**change, **grads}
 
+    # --- the step ------------------------------------------------------------------------------
+
     def is_eval_step(self, step: int) -> bool:
         # A run of 0 steps measures at init only (probe.at_init): scoring a validation split
         # with a 100-layer d = 512 model would cost more than the probes.
@@ -236,26 +328,27 @@ class Run:
         p = self.cfg.probe
         return p.enabled and (step <= p.first_steps or step % p.every == 0 or self.is_eval_step(step))
 
+    def is_checkpoint_step(self, step: int) -> bool:
+        every = self.train_cfg.checkpoint_every
+        return every > 0 and step % every == 0 and step < self.train_cfg.steps
+
+    def must_sync(self, step: int) -> bool:
+        """Steps where the host reads the loss: every step on the CPU; elsewhere the first (it
+        sets the explosion threshold), probe, eval, checkpoint, log and last steps."""
+        return (self.sync_every_step or step == 1 or step == self.train_cfg.steps or self.is_probe_step(step)
+                or self.is_checkpoint_step(step) or step % self.cfg.probe.log_every == 0)
+
     def step(self, step: int) -> bool:
         """Optimiser step number `step` (1-based), probing if due; False when it diverged."""
         t, model, result = self.train_cfg, self.model, self.result
         src, tgt_in, tgt_out = self.task.train_batch()
-        loss = self.task.loss(model(src, tgt_in), tgt_out)
+        with self.autocast:
+            loss = self.task.loss(self.train_model(src, tgt_in), tgt_out)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        loss_value = loss.item()
         lr = self.sched.get_last_lr()[0]
-        if result["first_loss"] is None:
-            result["first_loss"] = loss_value
-            if math.isfinite(loss_value):
-                self.explode_at = t.explode_factor * max(self.task.chance_loss, loss_value)
-        result["last_loss"] = loss_value
-        if not math.isfinite(loss_value) or loss_value > self.explode_at:
-            # Diverged: keep this step's loss as the last row; the step is not applied.
-            result.update(status="diverged", diverged_at_step=step)
-            self.metrics.write([{"step": step, "lr": lr, "loss": loss_value,
-                                 "elapsed_s": time.perf_counter() - self.start}])
-            log.warning("diverged at step %d (loss %s)", step, loss_value)
+        self.pending.append((step, lr, loss.detach()))
+        if self.must_sync(step) and self.diverged():
             return False
         probing = self.is_probe_step(step)
         grads = self.probe.grad_norms() if probing else None
@@ -268,9 +361,34 @@ class Run:
         self.steps_done = step
         row = None
         if grads is not None or self.is_eval_step(step):
-            row = self.record(step, lr, loss_value, grads, weights_moved=probing)
-        self.progress.update(step, loss_value, row.get("model_update") if row else None)
+            row = self.record(step, lr, result["last_loss"], grads, weights_moved=probing)
+        self.progress.update(step, result["last_loss"] if not self.pending else None,
+                             row.get("model_update") if row else None)
         return True
+
+    def diverged(self) -> bool:
+        """Read the losses of the steps since the last read (one host sync) and check them in
+        order: the first that is not finite or above the explosion threshold ends the run, with
+        its row; that step is not applied (steps after it, taken before the read, are void)."""
+        if not self.pending:
+            return False
+        steps, lrs, losses = zip(*self.pending)
+        self.pending = []
+        result = self.result
+        for step, lr, loss_value in zip(steps, lrs, torch.stack(losses).float().tolist()):
+            if result["first_loss"] is None:
+                result["first_loss"] = loss_value
+                if math.isfinite(loss_value):
+                    self.explode_at = self.train_cfg.explode_factor * max(self.task.chance_loss, loss_value)
+            result["last_loss"] = loss_value
+            if not math.isfinite(loss_value) or loss_value > self.explode_at:
+                result.update(status="diverged", diverged_at_step=step)
+                self.steps_done = step - 1
+                self.metrics.write([{"step": step, "lr": lr, "loss": loss_value,
+                                     "elapsed_s": time.perf_counter() - self.start}])
+                log.warning("diverged at step %d (loss %s)", step, loss_value)
+                return True
+        return False
 
     def record(self, step: int, lr, loss, grads, at_init: Optional[Dict] = None,
                weights_moved: bool = False) -> Dict:
@@ -325,23 +443,51 @@ class Run:
         self.progress.close()
 
 
-def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task) -> Dict:
-    run = Run(cfg, out_dir, summary, start, task)
+def _train(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task,
+           state: Optional[Dict] = None) -> Dict:
+    """The loop: steps, with a checkpoint every train.checkpoint_every steps and when the
+    process is asked to stop (then RunStopped); then what the task measures at the end."""
+    run = Run(cfg, out_dir, summary, start, task, state=state)
+    stop = StopRequests()
     try:
-        for step in range(1, cfg.train.steps + 1):
-            if not run.step(step):
-                break
+        with stop:
+            for step in range(run.steps_done + 1, cfg.train.steps + 1):
+                if not run.step(step):
+                    break
+                if stop.received is not None:
+                    if run.diverged():
+                        break
+                    run.save_checkpoint()
+                    summary.update(status="interrupted",
+                                   interrupted_by=signal_name(stop.received),
+                                   wall_seconds=time.perf_counter() - run.start)
+                    write_json(Path(out_dir) / SUMMARY, summary)
+                    log.warning("stopped by %s after step %d: checkpoint written, the same command resumes it",
+                                signal_name(stop.received), step)
+                    stop.pass_on()
+                if run.is_checkpoint_step(step):
+                    run.save_checkpoint()
+            run.diverged()
     finally:
         run.close()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - run.start
     run.result.update(steps_done=run.steps_done, wall_seconds=wall,
                       steps_per_second=run.steps_done / wall if wall > 0 else None,
                       target_tokens=task.target_tokens)
+    for key in ("checkpoint_step", "interrupted_by"):
+        summary.pop(key, None)
     if run.result["status"] == "completed" and run.steps_done > 0:
+        finish_start = time.perf_counter()
         final = task.finish(run.model, out_dir)
         if final:  # e.g. the test decoding, timed apart from the training
-            run.result.update(final, finish_seconds=time.perf_counter() - start - wall)
+            run.result.update(final, finish_seconds=time.perf_counter() - finish_start)
     return run.result
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
 
 
 class _Progress:
@@ -356,14 +502,19 @@ class _Progress:
             self.bar = tqdm(total=cfg.train.steps, desc=f"{group_name(cfg)} L{cfg.depth}",
                             leave=True)
 
-    def update(self, step: int, loss: float, update: Optional[float]) -> None:
+    def resume_at(self, step: int) -> None:
+        if self.bar is not None:
+            self.bar.update(step)
+
+    def update(self, step: int, loss: Optional[float], update: Optional[float]) -> None:
+        """`loss`: None at the steps whose loss the host has not read (GPU, Run.must_sync)."""
         if update is not None:
             self.last_update = update
         if self.bar is not None:
             self.bar.update(1)
-            if update is not None:
+            if update is not None and loss is not None:
                 self.bar.set_postfix(loss=f"{loss:.3f}", model_update=f"{self.last_update:.3g}")
-        elif self.enabled and (step % self.every == 0 or step == self.cfg.train.steps):
+        elif self.enabled and loss is not None and (step % self.every == 0 or step == self.cfg.train.steps):
             probed = f" model_update {self.last_update:.4g}" if math.isfinite(self.last_update) else ""
             log.info("%s L%d step %d/%d loss %.4f%s", group_name(self.cfg), self.cfg.depth, step,
                      self.cfg.train.steps, loss, probed)

@@ -1,0 +1,123 @@
+"""`stabexp status [SWEEP_DIR]`: every run of a sweep with where it stands, what a cluster user
+checks in the morning.
+
+A run is completed or diverged (finished), running (a live process holds its lock), interrupted
+(stopped on request, or killed: its summary still says running but no process holds it),
+failed (an error; see its error.txt), or not started. The jobs a sweep will run come from its
+multirun.yaml (the command line's overrides and the preset's hydra.sweeper.params, expanded as
+Hydra's basic sweeper does), so runs that have not started yet are listed too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
+
+from stabexp.config import outputs_dir, run_name
+from stabexp.train.checkpoint import CHECKPOINT
+from stabexp.train.files import is_locked, read_summary
+
+STATES = ("completed", "diverged", "running", "interrupted", "failed", "not started")
+
+
+def run_state(run: Path) -> Dict:
+    """status, last step written, the step a rerun resumes from, and the error if any."""
+    summary = read_summary(run) or {}
+    status = summary.get("status")
+    if status is None:
+        status = "running" if is_locked(run) else "not started"
+    elif status == "running" and not is_locked(run):
+        status = "interrupted"  # killed: nobody holds its lock any more
+    checkpoint_step = summary.get("checkpoint_step") if (run / CHECKPOINT).exists() else None
+    if status in ("completed", "diverged", "not started"):
+        resumes = "-"
+    elif status == "running":
+        resumes = f"step {checkpoint_step}" if checkpoint_step else "start"
+    else:
+        resumes = f"step {checkpoint_step}" if checkpoint_step else "start (no checkpoint)"
+    return {"run": run.name, "status": status, "last_step": _last_step(run / "metrics.csv"),
+            "steps": summary.get("steps"), "resumes_at": resumes,
+            "note": (summary.get("error") or "") if status == "failed" else
+                    (f"at step {summary.get('diverged_at_step')}" if status == "diverged" else
+                     (f"by {summary['interrupted_by']}" if summary.get("interrupted_by") else ""))}
+
+
+def _last_step(metrics: Path) -> Optional[int]:
+    """The step of the last row of metrics.csv, read from the file's end."""
+    if not metrics.exists():
+        return None
+    with open(metrics, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 4096))
+        lines = f.read().decode(errors="replace").strip().splitlines()
+    last = lines[-1].split(",")[0] if lines else ""
+    return int(last) if last.isdigit() else None
+
+
+def expected_jobs(sweep: Path) -> List[str]:
+    """The folder names of the jobs the sweep of `sweep`/multirun.yaml runs ([] if unknown)."""
+    path = sweep / "multirun.yaml"
+    if not path.exists():
+        return []
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra", {})
+    task = list(hydra.get("overrides", {}).get("task") or [])
+    try:
+        parsed = OverridesParser.create().parse_overrides(task)
+        on_cli = {o.get_key_element() for o in parsed}
+        params = hydra.get("sweeper", {}).get("params") or {}
+        parsed += OverridesParser.create().parse_overrides(
+            [f"{k}={v}" for k, v in params.items() if k not in on_cli])
+        parsed = list({o.get_key_element(): o for o in parsed}.values())  # the last of a repeated key wins
+        values = [[f"{o.get_key_element()}={v}" for v in
+                   (o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()])]
+                  for o in parsed]
+    except Exception:  # glob() needs the config loader, intervals a sampling sweeper: list what exists
+        return []
+    return [run_name(list(combo)) for combo in itertools.product(*values)]
+
+
+def sweep_states(sweep: Path) -> List[Dict]:
+    names = expected_jobs(sweep)
+    found = sorted(p.name for p in sweep.iterdir()
+                   if p.is_dir() and ((p / "summary.json").exists() or (p / ".hydra").exists()))
+    names += [n for n in found if n not in names]
+    return [run_state(sweep / n) for n in names]
+
+
+def format_states(sweep: Path, states: List[Dict]) -> str:
+    lines = [str(sweep), "", "| run | status | last step | resumes at | note |", "|---|---|---|---|---|"]
+    for s in states:
+        last = "-" if s["last_step"] is None else f"{s['last_step']}" + (f"/{s['steps']}" if s["steps"] else "")
+        lines.append(f"| {s['run']} | {s['status']} | {last} | {s['resumes_at']} | {s['note'][:80]} |")
+    counts = {state: sum(s["status"] == state for s in states) for state in STATES}
+    lines += ["", f"{len(states)} runs: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n)]
+    unfinished = counts["interrupted"] + counts["failed"] + counts["not started"]
+    if unfinished:
+        lines.append("Run the same command again: it skips the finished runs and resumes the others "
+                     "from their checkpoints.")
+    return "\n".join(lines)
+
+
+def main(argv: List[str]) -> int:
+    from stabexp.report import latest_sweep
+
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        print("usage: stabexp status [SWEEP_DIR]   (default: the newest folder under "
+              f"{outputs_dir() / 'multirun'}; a run folder works too)", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    folder = Path(argv[0]) if argv else latest_sweep()
+    if folder is None or not folder.is_dir():
+        print(f"stabexp: error: no sweep folder {argv[0] if argv else 'under ' + str(outputs_dir() / 'multirun')}: "
+              "pass a folder made by `stabexp run`", file=sys.stderr)
+        return 2
+    if (folder / "summary.json").exists() or (folder / "config.yaml").exists():
+        print(format_states(folder.parent, [run_state(folder)]))
+    else:
+        print(format_states(folder, sweep_states(folder)))
+    return 0

@@ -1,0 +1,173 @@
+"""A run folder's files: the tidy CSV logs, summary.json, and the lock that keeps one process
+per folder. Every write that replaces a file is atomic (temp file, fsync, rename), so a kill at
+any moment leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+SUMMARY = "summary.json"
+LOCK = "run.lock"
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename inside `folder` durable (POSIX: the directory entry is data of its own)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, write) -> None:
+    """Call write(file) on a temp file beside `path`, fsync it, then rename it over `path`."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_json(path: Path, data: Dict) -> None:
+    text = (json.dumps(data, indent=2, default=float) + "\n").encode()
+    write_atomic(path, lambda f: f.write(text))
+
+
+def read_summary(out_dir: Path) -> Optional[Dict]:
+    path = Path(out_dir) / SUMMARY
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+class CsvLog:
+    """Append-only CSV writer, flushed per write so an interrupted run keeps its rows.
+
+    `position()` is (data rows, bytes) so far: a checkpoint records it, and a resumed run
+    reopens the file cut back to it (`resume_at`), dropping the rows written after that
+    checkpoint, which the resumed run writes again."""
+
+    def __init__(self, path: Path, columns, resume_at: Optional[Tuple[int, int]] = None):
+        self.path, self.columns = Path(path), list(columns)
+        if resume_at is None:
+            self.file = open(self.path, "w", newline="")
+            self.writer = csv.DictWriter(self.file, fieldnames=self.columns)
+            self.writer.writeheader()
+            self.rows = 0
+        else:
+            rows, size = resume_at
+            self._check_header()
+            if self.path.stat().st_size < size:
+                raise RuntimeError(f"{self.path} is shorter ({self.path.stat().st_size} bytes) than at its "
+                                   f"checkpoint ({size} bytes): it cannot be resumed")
+            self.file = open(self.path, "r+", newline="")
+            self.file.truncate(size)
+            self.file.seek(size)
+            self.writer = csv.DictWriter(self.file, fieldnames=self.columns)
+            self.rows = rows
+        self.file.flush()
+
+    def _check_header(self) -> None:
+        with open(self.path, newline="") as f:
+            header = next(csv.reader(f), None)
+        if header != self.columns:
+            raise RuntimeError(f"{self.path} has columns {header}, this run writes {self.columns}")
+
+    def write(self, rows) -> None:
+        self.writer.writerows(rows)
+        self.rows += len(rows)
+        self.file.flush()
+
+    def position(self) -> Tuple[int, int]:
+        self.file.flush()
+        return self.rows, self.file.tell()
+
+    def sync(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class RunLocked(RuntimeError):
+    """Another live process holds the run folder."""
+
+
+class RunLock:
+    """One process per run folder: an exclusive flock on run_folder/run.lock, which the kernel
+    releases when its process dies however it dies, so a lock left by a killed run is simply
+    taken over. The file says who holds it (host, pid, since) for the message of the process
+    that finds it taken; it is removed when the run ends. flock works across the hosts of a
+    cluster on NFS v4 (Linux emulates it with POSIX locks there)."""
+
+    def __init__(self, out_dir: Path):
+        self.path = Path(out_dir) / LOCK
+        self.file = None
+        self.previous_holder: Optional[str] = None  # a dead holder whose lock was taken over
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise RunLocked(f"{self.path.parent} is being run by {holder}: wait for it, or stop that "
+                            "process (its lock is taken over once it has died)") from None
+        try:
+            same_file = os.path.samestat(os.fstat(f.fileno()), os.stat(self.path))
+        except FileNotFoundError:
+            same_file = False
+        if not same_file:  # its holder ended and removed it between our open and our flock
+            f.close()
+            return self.acquire()
+        f.seek(0)
+        self.previous_holder = f.read().strip() or None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
+        self.file = f
+        return self
+
+    def release(self) -> None:
+        if self.file is None:
+            return
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
+        self.file.close()
+        self.file = None
+
+
+def is_locked(out_dir: Path) -> bool:
+    """Whether a live process holds the run folder's lock (tried, and released at once)."""
+    path = Path(out_dir) / LOCK
+    if not path.exists():
+        return False
+    with open(path) as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return False

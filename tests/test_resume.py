@@ -1,0 +1,248 @@
+"""Exact resume: a run killed (SIGKILL) or stopped (SIGTERM, SIGUSR1, SIGINT) at any step and
+run again ends with the files of a run that never stopped (wall-clock columns aside); the lock
+of a run folder; the checkpoint's atomic write."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+import stabexp.train.trainer as trainer
+from conftest import TINY
+from stabexp.train import checkpoint
+from stabexp.train.files import RunLock, RunLocked, is_locked
+
+# Dropout on (the global generator), probes and weight probes at every step, an eval every 4:
+# every random stream and every file a run writes takes part.
+RUN = [*TINY, "group=preln", "model.dropout=0.1", "train.steps=60", "probe.first_steps=0", "probe.every=1",
+       "probe.weights=true", "train.eval_every=4", "train.checkpoint_every=5", "probe.at_init=true"]
+WALL = ["elapsed_s"]
+
+
+def _cli(args, outputs):
+    env = dict(os.environ, STABEXP_OUTPUTS=str(outputs), PYTHONUNBUFFERED="1")
+    return [sys.executable, "-m", "stabexp.cli", "run", *args], env
+
+
+def _run_dir(outputs):
+    return next((outputs / "runs").iterdir())
+
+
+def _rows(path):
+    return sum(1 for _ in open(path)) - 1 if path.exists() else 0
+
+
+def _assert_same_files(a, b):
+    for name in ("metrics.csv", "layers.csv"):
+        x, y = pd.read_csv(a / name), pd.read_csv(b / name)
+        x, y = x.drop(columns=[c for c in WALL if c in x]), y.drop(columns=[c for c in WALL if c in y])
+        pd.testing.assert_frame_equal(x, y, check_exact=True)
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    for key in set(sa) | set(sb):
+        if key not in trainer.WALL_CLOCK and key != "out_dir":
+            assert sa.get(key) == sb.get(key), key
+    assert (a / "config.yaml").read_text() == (b / "config.yaml").read_text()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    outputs = tmp_path_factory.mktemp("uninterrupted")
+    cmd, env = _cli(RUN, outputs)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    return _run_dir(outputs)
+
+
+def _start_and_stop(outputs, sig, at_rows):
+    """Start the run in a subprocess, send `sig` once metrics.csv has `at_rows` rows."""
+    cmd, env = _cli(RUN, outputs)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        runs = outputs / "runs"
+        if runs.exists() and any(runs.iterdir()) and _rows(_run_dir(outputs) / "metrics.csv") >= at_rows:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, f"the run ended before the signal: {proc.communicate()[1][-2000:]}"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def test_a_run_killed_at_a_random_step_resumes_to_the_same_files(tmp_path, uninterrupted):
+    at_rows = random.Random().randint(8, 50)
+    code, _ = _start_and_stop(tmp_path, signal.SIGKILL, at_rows)
+    assert code == -signal.SIGKILL
+    run = _run_dir(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "running"  # what a killed run leaves; its lock died with it
+    assert not is_locked(run)
+    killed_at = _rows(run / "metrics.csv")
+    cmd, env = _cli(RUN, tmp_path)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps_done"] == 60
+    assert len(summary["resumed_from"]) == 1 and summary["resumed_from"][0] % 5 == 0, (killed_at, summary)
+    assert not (run / checkpoint.CHECKPOINT).exists() and not (run / "run.lock").exists()
+    _assert_same_files(run, uninterrupted)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_a_stop_request_checkpoints_at_the_end_of_the_step_and_resumes(tmp_path, uninterrupted, sig):
+    code, err = _start_and_stop(tmp_path, sig, random.Random().randint(8, 50))
+    run = _run_dir(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert code != 0 and summary["status"] == "interrupted", err[-2000:]
+    assert summary["interrupted_by"] == signal.Signals(sig).name
+    state = checkpoint.load(run, _resolved(run))
+    assert state["step"] == summary["checkpoint_step"]
+    assert _rows(run / "metrics.csv") == state["csv"]["metrics"][0]  # nothing written after it
+    cmd, env = _cli(RUN, tmp_path)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    assert json.loads((run / "summary.json").read_text())["resumed_from"] == [state["step"]]
+    _assert_same_files(run, uninterrupted)
+
+
+def _resolved(run):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(run / "config.yaml")
+
+
+def test_a_finished_run_is_skipped_and_overwrite_starts_over(make_cfg, tmp_path):
+    cfg = make_cfg("group=postln", "train.checkpoint_every=2")
+    first = trainer.train(cfg, tmp_path)
+    assert not (tmp_path / checkpoint.CHECKPOINT).exists()
+    assert trainer.train(cfg, tmp_path) == first
+    cfg.overwrite = True
+    again = trainer.train(cfg, tmp_path)
+    assert again["status"] == "completed" and "resumed_from" not in again
+
+
+def test_a_checkpoint_of_another_config_is_a_clear_error(make_cfg, tmp_path, monkeypatch):
+    from stabexp.config import ConfigError
+
+    cfg = make_cfg("group=postln", "train.checkpoint_every=2")
+    real = trainer.Run.step
+    monkeypatch.setattr(trainer.Run, "step", lambda self, step: real(self, step) if step < 5 else 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        trainer.train(cfg, tmp_path)
+    assert (tmp_path / checkpoint.CHECKPOINT).exists()
+    with pytest.raises(ConfigError, match="another config"):
+        trainer.train(make_cfg("group=postln", "train.checkpoint_every=2", "train.lr=0.002"), tmp_path)
+
+
+def test_a_failed_run_resumes_from_its_last_checkpoint(make_cfg, tmp_path, monkeypatch):
+    cfg = make_cfg("group=postln", "train.checkpoint_every=2", "train.steps=8")
+    reference = trainer.train(cfg, tmp_path / "reference")
+    real = trainer.Run.step
+    with monkeypatch.context() as m:
+        m.setattr(trainer.Run, "step", lambda self, step: real(self, step) if step != 5 else 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            trainer.train(cfg, tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
+    summary = trainer.train(cfg, tmp_path / "run")
+    assert summary["resumed_from"] == [4] and summary["final_eval_loss"] == reference["final_eval_loss"]
+    _assert_same_files(tmp_path / "run", tmp_path / "reference")
+
+
+def test_one_process_per_run_folder_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    held = RunLock(tmp_path).acquire()
+    with pytest.raises(RunLocked, match=f"pid {os.getpid()}"):
+        RunLock(tmp_path).acquire()
+    assert is_locked(tmp_path)
+    held.release()
+    assert not is_locked(tmp_path)
+    # A process that dies holding the lock leaves the file, not the lock.
+    code = (f"from stabexp.train.files import RunLock; import os; RunLock({str(tmp_path)!r}).acquire(); "
+            "os._exit(9)")
+    subprocess.run([sys.executable, "-c", code], check=False, timeout=60)
+    assert (tmp_path / "run.lock").exists() and not is_locked(tmp_path)
+    taken = RunLock(tmp_path).acquire()
+    assert taken.previous_holder.startswith("pid ")
+    taken.release()
+
+
+def test_a_second_process_on_a_running_folder_stops_with_one_line(stabexp_cli):
+    args = [*TINY, "group=postln"]
+    stabexp_cli("run", *args)
+    run = next((stabexp_cli.outputs / "runs").iterdir())
+    (run / "summary.json").write_text(json.dumps({"status": "running"}))
+    held = RunLock(run).acquire()
+    try:
+        r = stabexp_cli("run", *args)
+    finally:
+        held.release()
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith(f"stabexp: error: {run} is being run by pid {os.getpid()}")
+
+
+def test_the_checkpoint_is_replaced_atomically(tmp_path, monkeypatch):
+    checkpoint.save(tmp_path, {"step": 1})
+    import torch
+
+    def broken(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError):
+        checkpoint.save(tmp_path, {"step": 2})
+    monkeypatch.undo()
+    assert torch.load(tmp_path / checkpoint.CHECKPOINT, weights_only=False)["step"] == 1
+
+
+def test_a_schedulers_own_handler_runs_after_the_checkpoint(make_cfg, tmp_path, monkeypatch):
+    """submitit requeues a SLURM job from its handler of SIGUSR2 and exits: that handler must
+    find the checkpoint of the step the signal arrived in already written."""
+    calls = []
+
+    def submitit_like(signum, frame):
+        calls.append((signum, (tmp_path / checkpoint.CHECKPOINT).exists()))
+        raise SystemExit(-1)
+
+    previous = signal.signal(signal.SIGUSR2, submitit_like)
+    real = trainer.Run.step
+
+    def step(self, n):
+        ok = real(self, n)
+        if n == 3:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return ok
+
+    monkeypatch.setattr(trainer.Run, "step", step)
+    try:
+        with pytest.raises(SystemExit):
+            trainer.train(make_cfg("group=postln", "train.checkpoint_every=0"), tmp_path)
+        assert signal.getsignal(signal.SIGUSR2) is submitit_like  # ours is gone again
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert calls == [(signal.SIGUSR2, True)]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["checkpoint_step"] == 3
+    assert summary["interrupted_by"] == "SIGUSR2" and not (tmp_path / "run.lock").exists()
+
+
+def test_a_translation_run_resumes_mid_epoch_to_the_same_files(make_cfg, corpus_dir, tmp_path, monkeypatch):
+    """Padded batches from a length-bucketed epoch, label smoothing and dropout: the checkpoint
+    keeps the epoch's remaining batches and the stream's generator."""
+    from corpus import translation_overrides
+
+    cfg = make_cfg(*translation_overrides(corpus_dir), "group=postln_warmup", "train.steps=10",
+                   "train.eval_every=5", "train.checkpoint_every=3", "train.max_tokens=60", "model.dropout=0.1")
+    reference = trainer.train(cfg, tmp_path / "reference")
+    real = trainer.Run.step
+    with monkeypatch.context() as m:
+        m.setattr(trainer.Run, "step", lambda self, step: real(self, step) if step != 8 else 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            trainer.train(cfg, tmp_path / "run")
+    summary = trainer.train(cfg, tmp_path / "run")
+    assert summary["resumed_from"] == [6] and summary["target_tokens"] == reference["target_tokens"]
+    assert summary["test_bleu"] == reference["test_bleu"]
+    _assert_same_files(tmp_path / "run", tmp_path / "reference")
