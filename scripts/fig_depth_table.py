@@ -21,7 +21,8 @@ def draw(tables):
     groups = ordered_groups(runs.group)
     chance = float(runs.chance_loss.dropna().iloc[0]) if runs.chance_loss.notna().any() else np.nan
     values = np.full((len(groups), len(depths)), np.nan)
-    fig, ax = plt.subplots(figsize=(FIGSIZE_PER_PANEL[0] * 1.6, FIGSIZE_PER_PANEL[1] * 1.2))
+    height = max(FIGSIZE_PER_PANEL[1] * 1.2, 0.45 * len(groups) + 1.2)  # two text lines a cell
+    fig, ax = plt.subplots(figsize=(FIGSIZE_PER_PANEL[0] * 1.6, height))
     for i, group in enumerate(groups):
         for j, depth in enumerate(depths):
             cell = runs[(runs.group == group) & (runs.depth == depth)]

@@ -50,4 +50,23 @@ def test_model_uses_alpha_per_stack(make_cfg):
 def test_other_styles_do_not_scale_the_residual(make_cfg):
     cfg = make_cfg("group=postln", "depth=3")
     model = build_model(cfg, cfg.task.vocab_size)
-    assert {res.alpha for *_, res in model.residuals()} == {1.0}
+    assert not any(hasattr(res, "alpha") for *_, res in model.residuals())
+
+
+@pytest.mark.parametrize("n, subln, t_fixup, fixup, torchscale_beta", [
+    # REFERENCE_METHODS.md Sec. 0, computed there from the formulas (rounded to 3 digits).
+    (6, (1.547, 1.700), (0.428, 0.369), (30, 0.567, 0.183), 0.657),
+    (18, (2.183, 1.997), (0.325, 0.280), (90, 0.472, 0.105), 0.466),
+    (100, (3.174, 2.388), (0.212, 0.183), (500, 0.355, 0.045), 0.273),
+])
+def test_table1_constants_at_the_papers_depths(n, subln, t_fixup, fixup, torchscale_beta):
+    from stabexp.model.init import (deepnorm_torchscale_constants, fixup_constants, subln_encoder_decoder,
+                                    t_fixup_constants)
+
+    g = subln_encoder_decoder(n, n)
+    assert (g["encoder"], g["decoder"]) == pytest.approx(subln, abs=1e-3)
+    t = t_fixup_constants(n, n)
+    assert (t["encoder"], t["decoder"]) == pytest.approx(t_fixup, abs=1e-3)
+    f = fixup_constants(n, n)
+    assert (f["L"], f["attn_in"], f["fc1"]) == pytest.approx(fixup, abs=1e-3)
+    assert deepnorm_torchscale_constants(n, n)["encoder"]["beta"] == pytest.approx(torchscale_beta, abs=1e-3)

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
+from stabexp.config import conf_dir
 from stabexp.probes import model_update
 from stabexp.train.trainer import LAYERS_COLUMNS, METRICS_COLUMNS, train
 
@@ -15,9 +16,14 @@ def _probe_steps(steps, first, every, eval_every):
             if s <= first or s % every == 0 or s % eval_every == 0 or s == steps]
 
 
-@pytest.mark.parametrize("group", ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin"])
+GROUPS = sorted(p.stem for p in (conf_dir() / "group").glob("*.yaml"))
+NO_NORM = {"rezero", "fixup", "t_fixup"}
+
+
+@pytest.mark.parametrize("group", GROUPS)
 def test_every_group_runs_and_writes_tidy_files(make_cfg, tmp_path, group):
-    cfg = make_cfg(f"group={group}", "depth=2", "decoder_depth=3", "train.steps=7")
+    """Every probe, the ones at init included, means the same for every group of conf/group."""
+    cfg = make_cfg(f"group={group}", "depth=2", "decoder_depth=3", "train.steps=7", "probe.at_init=true")
     summary = train(cfg, tmp_path)
     assert summary["status"] == "completed" and summary["steps_done"] == 7
     metrics = pd.read_csv(tmp_path / "metrics.csv")
@@ -32,7 +38,12 @@ def test_every_group_runs_and_writes_tidy_files(make_cfg, tmp_path, group):
     assert set(first.sublayer[first["stack"] == "encoder"]) == {"self_attn", "ffn"}
     assert set(first.sublayer[first["stack"] == "decoder"]) == {"self_attn", "cross_attn", "ffn"}
     assert sorted(set(first.layer[first["stack"] == "decoder"])) == [1, 2, 3]
-    assert first.grad_norm.gt(0).all() and first.ln_input_norm.gt(0).all()
+    assert first.grad_norm.gt(0).all()
+    # A group without a norm has an empty ln_input_norm column, never a made-up number.
+    assert first.ln_input_norm.isna().all() if group in NO_NORM else first.ln_input_norm.gt(0).all()
+    at_init = layers[layers.step == 0]
+    # (Fixup's encoder gradient at init is exactly 0: every cross-attention's W_O is zero.)
+    assert at_init.input_change.notna().all() and at_init.grad_norm.ge(0).all()
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["status"] == "completed" and written["group"] == group
     assert written["constants"]["residual"] == cfg.group.residual

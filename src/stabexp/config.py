@@ -76,8 +76,7 @@ if not OmegaConf.has_resolver("stabexp_outputs"):
 
 # --- schema --------------------------------------------------------------------------------
 
-RESIDUAL_STYLES = ("postln", "preln", "deepnorm", "admin")
-SCHEDULES = ("constant", "warmup_inverse_sqrt")
+SCHEDULES = ("constant", "warmup_inverse_sqrt", "inverse_sqrt_nowarmup")
 ARCHS = ("transformer", "normmlp")
 TASKS_OF_ARCH = {"transformer": ("reverse", "translation"), "normmlp": ("teacher",)}
 SUBWORDS = ("bpe", "unigram")
@@ -91,7 +90,7 @@ class GroupConfig:
     name: str = MISSING
     description: str = ""      # one line for `stabexp list`
     citation: str = ""         # paper (and section) the group reproduces
-    residual: str = MISSING    # one of RESIDUAL_STYLES; see model/transformer.py Residual.forward
+    residual: str = MISSING    # a key of model/transformer.py PLACEMENTS
     init: str = MISSING        # a key of model/init.py INIT_RULES
     schedule: str = MISSING    # one of SCHEDULES; see train/schedule.py
 
@@ -105,6 +104,7 @@ class ModelConfig:
     d_model: int = 64          # residual width d (normmlp: hidden width)
     ffn_dim: int = 128         # FFN hidden width
     n_heads: int = 2           # attention heads; d_model must divide by it
+    norm: str = "layernorm"    # layernorm or rmsnorm at every norm of the group's placement
     dropout: float = 0.0       # on branch outputs and attention; 0 keeps runs deterministic
 
 
@@ -162,6 +162,7 @@ class TrainConfig:
     # learns without warm-up on the reverse task (README, "What it shows").
     lr: float = 1e-3
     warmup_steps: int = 100     # linear warm-up length, for schedules that warm up
+    decay_period: int = 4000    # inverse_sqrt_nowarmup (T-Fixup): lr sqrt(D / (D + t)), D this
     warmup_init_lr: Optional[float] = None  # the lr of the first update, fairseq's
                                 # --warmup-init-lr (DeepNet Table 4: 1e-7); null: the warm-up
                                 # starts at lr / warmup_steps (train/schedule.py)
@@ -265,6 +266,7 @@ def _check_known_keys(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError with one line naming the bad value and what is allowed."""
     from stabexp.model.init import INIT_RULES
+    from stabexp.model.transformer import NORMS, PLACEMENTS
     from stabexp.train.optim import DECAY_ON, OPTIMISERS
 
     _check_known_keys(cfg, _schema())
@@ -277,12 +279,14 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.task.kind in TASKS_OF_ARCH[m.arch], "task", cfg.task.name,
           f"model.arch={m.arch} trains on tasks of kind {', '.join(TASKS_OF_ARCH[m.arch])}")
     g = cfg.group
-    _need(g.residual in RESIDUAL_STYLES, "group.residual", g.residual,
-          f"one of {', '.join(RESIDUAL_STYLES)}")
+    _need(g.residual in PLACEMENTS, "group.residual", g.residual, f"one of {', '.join(PLACEMENTS)}")
     _need(g.init in INIT_RULES, "group.init", g.init, f"one of {', '.join(INIT_RULES)}")
     _need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
-    _need(g.init != "admin_profiled" or g.residual == "admin", "group.init", g.init,
-          "admin_profiled sets Admin's omegas, so it needs group.residual=admin")
+    _need(g.init not in ("admin_profiled", "admin_closed_form") or g.residual == "admin", "group.init",
+          g.init, f"{g.init} sets Admin's omegas, so it needs group.residual=admin")
+    _need(m.norm in NORMS, "model.norm", m.norm, f"one of {', '.join(NORMS)}")
+    _need(m.norm == "layernorm" or PLACEMENTS[g.residual].residual.has_norm, "model.norm", m.norm,
+          f"group.residual={g.residual} has no normalisation to replace (layernorm only)")
     for key in ("d_model", "ffn_dim", "n_heads"):
         _need(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
     _need(m.d_model % m.n_heads == 0, "model.n_heads", m.n_heads,
@@ -317,6 +321,7 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.steps >= 0, "train.steps", tr.steps, "must be an integer >= 0 (0 = probes at init only)")
     _need(tr.lr > 0, "train.lr", tr.lr, "must be > 0")
     _need(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, "must be >= 0")
+    _need(tr.decay_period >= 1, "train.decay_period", tr.decay_period, "must be an integer >= 1")
     if tr.warmup_init_lr is not None:
         _need(0.0 <= tr.warmup_init_lr <= tr.lr, "train.warmup_init_lr", tr.warmup_init_lr,
               f"must be in [0, train.lr={tr.lr}] (or null)")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-from stabexp.model.init import INIT_RULES, deepnorm_encoder_decoder
+from stabexp.model.init import INIT_RULES, deepnorm_encoder_decoder, initial_scalars
 from stabexp.model.normmlp import NormMLP, NormMLPConfig
-from stabexp.model.transformer import Seq2SeqTransformer, TransformerConfig
+from stabexp.model.transformer import PLACEMENTS, Seq2SeqTransformer, TransformerConfig
 
 
 def build_model(cfg, vocab_size: int, pad_id: Optional[int] = None, max_positions: int = 512):
@@ -19,12 +19,12 @@ def build_model(cfg, vocab_size: int, pad_id: Optional[int] = None, max_position
     n_enc = cfg.depth
     n_dec = cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth
     alphas = {"encoder": 1.0, "decoder": 1.0}
-    if cfg.group.residual == "deepnorm":
+    if cfg.group.residual == "deepnorm":  # the paper's alphas, which torchscale shares
         alphas = {s: c["alpha"] for s, c in deepnorm_encoder_decoder(n_enc, n_dec).items()}
     return Seq2SeqTransformer(TransformerConfig(
         vocab_size=vocab_size, d_model=cfg.model.d_model, ffn_dim=cfg.model.ffn_dim,
         n_heads=cfg.model.n_heads, encoder_layers=n_enc, decoder_layers=n_dec,
-        residual=cfg.group.residual, encoder_alpha=alphas["encoder"],
+        residual=cfg.group.residual, norm=cfg.model.norm, encoder_alpha=alphas["encoder"],
         decoder_alpha=alphas["decoder"], dropout=cfg.model.dropout, max_len=max_positions,
         pad_id=pad_id,
     ))
@@ -35,10 +35,13 @@ def initialise(model, rule: str, batch: Callable) -> Dict:
     NormMLP has its own init (He normal, in its constructor) and no residual style."""
     if isinstance(model, NormMLP):
         return {"residual": None, "init": "kaiming_normal (model/normmlp.py)"}
+    has_norm = PLACEMENTS[model.config.residual].residual.has_norm
     constants: Dict = {"residual": model.config.residual, "init": rule,
+                       "norm": model.config.norm if has_norm else None,
                        "alpha": {"encoder": model.config.encoder_alpha,
                                  "decoder": model.config.decoder_alpha}}
     constants.update(INIT_RULES[rule](model, batch))
+    constants.update(initial_scalars(model))
     return constants
 
 

@@ -1,4 +1,5 @@
-"""Named initialisation rules and the constants they use. REFERENCE.md Sec. 2.
+"""Named initialisation rules and the constants they use. REFERENCE.md Sec. 2 and
+REFERENCE_METHODS.md (DS-Init, Fixup, T-Fixup, Sub-LN, torchscale's DeepNorm).
 
 Each rule takes a freshly built Seq2SeqTransformer and a callable giving one training batch
 (only Admin's profiling needs it) and returns the constants it resolved, for summary.json.
@@ -13,7 +14,7 @@ from typing import Callable, Dict, Tuple
 import torch
 import torch.nn as nn
 
-from stabexp.model.transformer import Residual, Seq2SeqTransformer
+from stabexp.model.transformer import NORM_TYPES, Residual, Seq2SeqTransformer
 
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -55,9 +56,10 @@ def xavier(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
     for m in model.modules():
-        if isinstance(m, nn.LayerNorm):
+        if isinstance(m, NORM_TYPES):
             nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
         if isinstance(m, Residual) and hasattr(m, "omega"):
             nn.init.ones_(m.omega)
     return {}
@@ -92,6 +94,132 @@ def deepnorm(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Di
             if name in DEEPNORM_SCALED:
                 nn.init.xavier_normal_(w, gain=constants[stack]["beta"])
     return {"deepnorm": constants}
+
+
+def _scaled(model: Seq2SeqTransformer, gains: Callable[[str, str, str], float]) -> None:
+    """xavier_normal with gain gains(stack, sublayer, matrix) for every branch matrix."""
+    for stack, _, sublayer, res in model.residuals():
+        for name, w in res.branch.matrices().items():
+            nn.init.xavier_normal_(w, gain=gains(stack, sublayer, name))
+
+
+@torch.no_grad()
+def ds_init(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None, exponent: float = 0.5,
+            alpha: float = 1.0) -> Dict:
+    """DS-Init (Zhang, Titov, Sennrich 2019, arXiv 1908.11365), the paper's rule: every weight
+    matrix of layer l (1-based in its stack, cross-attention included) ~ U(+-gamma alpha / l^(1/2)),
+    gamma = sqrt(6 / (fan_in + fan_out)) the Xavier-uniform bound, alpha = 1."""
+    xavier(model)
+    for _, layer, _, res in model.residuals():
+        for w in res.branch.matrices().values():
+            fan_out, fan_in = w.shape
+            bound = math.sqrt(6.0 / (fan_in + fan_out)) * alpha * layer ** -exponent
+            nn.init.uniform_(w, -bound, bound)
+    depth = max(len(model.encoder), len(model.decoder))
+    return {"ds_init": {"alpha": alpha, "exponent": exponent,
+                        "bound_factor_of_layer": [alpha * l ** -exponent for l in range(1, depth + 1)]}}
+
+
+@torch.no_grad()
+def ds_init_code(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
+    """DS-Init as the authors' code runs it (bzhangGo/zero, REFERENCE_METHODS Sec. 1 [!]): TF's
+    variance_scaling(gain / l) puts l^-1 on the variance, so the bound shrinks as l^(-1/4)."""
+    return ds_init(model, batch, exponent=0.25)
+
+
+def fixup_constants(n_enc: int, n_dec: int) -> Dict[str, float]:
+    """Fixup's L = 2N + 3M residual branches of an encoder-decoder, and its factors: attention
+    inputs L^(-1/6) (treated as m = 4 layers deep), FFN input L^(-1/2) (m = 2)."""
+    L = 2 * n_enc + 3 * n_dec
+    return {"L": L, "attn_in": L ** (-1 / 6), "fc1": L ** -0.5}
+
+
+@torch.no_grad()
+def fixup(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
+    """Fixup (Zhang, Dauphin, Ma 2019) as its authors ported it to the Transformer
+    (hongyi-zhang/Fixup transformer_zero.py; DeepNet's "R-Fixup"): Xavier, W_Q, W_K, W_V times
+    L^(-1/6), W_O = 0, W_1 times L^(-1/2), W_2 = 0, so every branch is 0 at init. The
+    cross-attention uses the same L (the authors' code falls back to L = 12 there, a quirk we
+    do not copy). Embeddings stay tied with the output, so the output layer is not zeroed.
+    "The other layers initialised normally" (the paper) is our per-matrix Xavier; the authors'
+    code draws Xavier over the fused 3d x d QKV matrix, so its W_Q, W_K, W_V are sqrt(2) smaller."""
+    xavier(model)
+    k = fixup_constants(len(model.encoder), len(model.decoder))
+    for *_, res in model.residuals():
+        for name, w in res.branch.matrices().items():
+            if name in ("o", "w2"):
+                w.zero_()
+            else:
+                w.mul_(k["fc1"] if name == "w1" else k["attn_in"])
+    return {"fixup": k}
+
+
+def t_fixup_constants(n_enc: int, n_dec: int) -> Dict[str, float]:
+    """T-Fixup (Huang et al. 2020): encoder 0.67 N^(-1/4), decoder (9M)^(-1/4); the shared
+    embedding takes the encoder's (9N)^(-1/4) (fairseq with --share-all-embeddings)."""
+    return {"encoder": 0.67 * n_enc ** -0.25, "decoder": (9 * n_dec) ** -0.25,
+            "embedding": (9 * n_enc) ** -0.25}
+
+
+@torch.no_grad()
+def t_fixup(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
+    """T-Fixup: Xavier (gain 1 for every matrix, q and k included: the paper), then W_V, W_O of
+    every attention (cross-attention too) and W_1, W_2 times the stack's factor, and the
+    embeddings times (9N)^(-1/4), so the token embedding after the sqrt(d) scale has std
+    (9N)^(-1/4). fairseq's code keeps q, k at Xavier gain 1/sqrt(2): not reproduced."""
+    xavier(model)
+    k = t_fixup_constants(len(model.encoder), len(model.decoder))
+    for stack, _, _, res in model.residuals():
+        for name, w in res.branch.matrices().items():
+            if name in DEEPNORM_SCALED:
+                w.mul_(k[stack])
+    model.embed.weight.mul_(k["embedding"])
+    return {"t_fixup": k}
+
+
+def subln_encoder_decoder(n_enc: int, n_dec: int) -> Dict[str, float]:
+    """Sub-LN's gamma (Magneto, arXiv 2210.06423) for an encoder-decoder:
+    encoder sqrt(ln(3M) ln(2N) / 3), decoder sqrt(ln 3M)."""
+    return {"encoder": math.sqrt(math.log(3 * n_dec) * math.log(2 * n_enc) / 3),
+            "decoder": math.sqrt(math.log(3 * n_dec))}
+
+
+@torch.no_grad()
+def subln(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
+    """Sub-LN: xavier_normal with gain gamma for W_V, W_O, W_1, W_2, gain 1 for W_Q, W_K; the
+    decoder's cross-attention keeps gain 1, as torchscale (`if "encoder_attn" in name: continue`)."""
+    xavier(model)
+    gamma = subln_encoder_decoder(len(model.encoder), len(model.decoder))
+    _scaled(model, lambda stack, sub, name: gamma[stack]
+            if name in DEEPNORM_SCALED and sub != "cross_attn" else 1.0)
+    return {"subln_gamma": gamma}
+
+
+def deepnorm_torchscale_constants(n_enc: int, n_dec: int) -> Dict[str, Dict[str, float]]:
+    """torchscale 0.3.0's effective DeepNorm constants (REFERENCE_METHODS Sec. 10 [!]): the same
+    alphas, encoder beta 1.15 (N^4 M)^(-1/16) instead of the paper's 0.87 (N^4 M)^(-1/16)."""
+    k = deepnorm_encoder_decoder(n_enc, n_dec)
+    k["encoder"]["beta"] = 1.15 * (n_enc ** 4 * n_dec) ** (-1 / 16)
+    return k
+
+
+@torch.no_grad()
+def deepnorm_torchscale(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
+    """DeepNorm as torchscale 0.3.0 runs it: PyTorch's default nn.Linear init (U(+-1/sqrt(fan_in))
+    for weights and biases: its xavier reset_parameters is never called), then the weights and
+    biases of V, O, W_1, W_2 (cross-attention too) multiplied by beta_code."""
+    xavier(model)
+    k = deepnorm_torchscale_constants(len(model.encoder), len(model.decoder))
+    for stack, _, _, res in model.residuals():
+        for m in res.branch.modules():
+            if isinstance(m, nn.Linear):
+                m.reset_parameters()
+        biases = res.branch.biases()
+        for name, w in res.branch.matrices().items():
+            if name in DEEPNORM_SCALED:
+                w.mul_(k[stack]["beta"])
+                biases[name].mul_(k[stack]["beta"])
+    return {"deepnorm_torchscale": k}
 
 
 class AdminProfile:
@@ -137,9 +265,58 @@ def admin_profiled(model: Seq2SeqTransformer, batch: Callable[[], Batch]) -> Dic
     return {"admin_omega": {stack: p.omegas for stack, p in profiles.items()}}
 
 
+def admin_closed_form_omega(n_sublayers: int) -> float:
+    """admin-torch's omega without profiling, O(log n) target: sqrt((n+1)/ln(n+1) - 1) for a
+    stack of n residual sublayers (REFERENCE.md Sec. 2)."""
+    n = n_sublayers
+    return math.sqrt((n + 1) / math.log(n + 1) - 1)
+
+
+@torch.no_grad()
+def admin_closed_form(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
+    """Admin with admin-torch's closed-form omega (no profiling batch): Xavier, then one omega
+    for every sublayer of a stack, n = 2N (encoder) or 3M (decoder) sublayers."""
+    xavier(model)
+    n = {"encoder": 2 * len(model.encoder), "decoder": 3 * len(model.decoder)}
+    omega = {stack: admin_closed_form_omega(n[stack]) for stack in n}
+    for stack, _, _, res in model.residuals():
+        res.omega.fill_(omega[stack])
+    return {"admin_closed_form": {"sublayers": n, "omega": omega}}
+
+
+def initial_scalars(model: Seq2SeqTransformer) -> Dict:
+    """The learnable scalars a placement starts from, read off the built model: ReZero's alpha,
+    Fixup's shifts and scales, NormFormer's head scales, DLCL's combination weights (row l: the
+    weight of each output below layer l + 1, uniform)."""
+    from stabexp.model.transformer import DenseHistory, HeadScale, Scale, Shift
+
+    found: Dict = {}
+    for kind, values in (("rezero_alpha", [m.alpha.item() for m in model.modules()
+                                           if isinstance(m, Residual) and isinstance(getattr(m, "alpha", None), nn.Parameter)]),
+                         ("fixup_shift", [m.bias.item() for m in model.modules() if isinstance(m, Shift)]),
+                         ("fixup_scale", [m.weight.item() for m in model.modules() if isinstance(m, Scale)]),
+                         ("head_scale", [g for m in model.modules() if isinstance(m, HeadScale) for g in m.gamma.tolist()])):
+        if values:
+            found[kind] = sorted(set(values))
+    for stack in ("encoder", "decoder"):
+        history = getattr(model, f"{stack}_history", None)
+        if isinstance(history, DenseHistory):
+            w = history.weight.detach()
+            found.setdefault("dlcl_row_weights", {})[stack] = [
+                sorted({round(float(v), 8) for v in w[l, : l + 1]}) for l in range(w.shape[0])]
+    return found
+
+
 INIT_RULES: Dict[str, Callable[..., Dict]] = {
     "xavier": xavier,
     "postln_init": postln_init,
     "deepnorm": deepnorm,
+    "deepnorm_torchscale": deepnorm_torchscale,
     "admin_profiled": admin_profiled,
+    "admin_closed_form": admin_closed_form,
+    "ds_init": ds_init,
+    "ds_init_code": ds_init_code,
+    "fixup": fixup,
+    "t_fixup": t_fixup,
+    "subln": subln,
 }

@@ -1,8 +1,10 @@
 """Encoder-decoder Transformer with every residual placement of the stability studies.
 
-Read top-down: attention, FFN, the residual sublayer (the one place where Post-LN, Pre-LN,
-DeepNorm and Admin differ), the encoder and decoder layers, the model. Initialisation rules live
-in model/init.py; this file only builds the shapes and the forward pass.
+Read top-down: the norms, the branches (attention, FFN) with their optional slots, the residual
+placements (one small class each, its formula and citation in its forward), PLACEMENTS (which
+pieces each `residual` style builds), DLCL's dense layer history, the layers, the model.
+Initialisation rules live in model/init.py; this file only builds the shapes and the forward.
+REFERENCE.md Sec. 1 and REFERENCE_METHODS.md give the formulas.
 
 Padding (real text, `pad_id` set): sequences are padded on the right. The encoder's
 self-attention and the decoder's cross-attention mask the padded source positions; the
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -30,7 +32,8 @@ class TransformerConfig:
     n_heads: int = 2           # attention heads
     encoder_layers: int = 6    # N
     decoder_layers: int = 6    # M
-    residual: str = "postln"   # postln | preln | deepnorm | admin, see Residual.forward
+    residual: str = "postln"   # a key of PLACEMENTS
+    norm: str = "layernorm"    # layernorm | rmsnorm, at every norm position of the placement
     encoder_alpha: float = 1.0  # DeepNorm's residual scale alpha for the encoder stack
     decoder_alpha: float = 1.0  # ... and for the decoder stack
     dropout: float = 0.0       # on attention weights, branch outputs and embeddings
@@ -44,20 +47,82 @@ def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Te
     return values.mean() if tokens is None else (values * tokens).sum() / tokens.sum()
 
 
+NORMS = ("layernorm", "rmsnorm")
+NORM_TYPES = (nn.LayerNorm, nn.RMSNorm)
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    if kind == "rmsnorm":
+        # RMSNorm (Zhang & Sennrich 2019): x / RMS(x) * g, no mean, no bias. eps 1e-6 inside the
+        # sqrt (torchscale / LLaMA), not the paper code's 1e-8 added outside it.
+        return nn.RMSNorm(dim, eps=1e-6)
+    return nn.LayerNorm(dim)
+
+
+class Shift(nn.Module):
+    """Fixup's scalar bias, x + b with b learnable, init 0 (Zhang et al. 2019, rule 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.bias
+
+
+class Scale(nn.Module):
+    """Fixup's scalar multiplier, init 1 (Zhang et al. 2019, rule 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+class HeadScale(nn.Module):
+    """NormFormer's HeadScale: head h's d/H slice of (B, T, d) times a learnable gamma_h, init 1.
+    Placed before W_O it scales the heads (the paper); after W_O it scales d/H-chunks of the
+    projected output (fairseq's code). PLACEMENTS names both."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.ones(n_heads))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        h = self.gamma.shape[0]
+        return (x.view(B, T, h, d // h) * self.gamma[:, None]).view(B, T, d)
+
+
+# --- branches G: attention and FFN, each with optional slots that placements fill ---------
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with one fused QKV matrix. Init rules address W_Q, W_K, W_V
-    as row blocks of `qkv.weight` (see `matrices`), so per-matrix rules stay exact."""
+    as row blocks of `qkv.weight` (see `matrices`), so per-matrix rules stay exact.
+    Slots: `inner` acts on the concatenated heads before W_O, `post` on W_O's output."""
 
-    def __init__(self, d: int, n_heads: int, causal: bool, dropout: float):
+    def __init__(self, d: int, n_heads: int, causal: bool, dropout: float, bias: bool = True,
+                 inner: Optional[nn.Module] = None, post: Optional[nn.Module] = None):
         super().__init__()
         self.n_heads, self.causal, self.dropout = n_heads, causal, dropout
-        self.qkv = nn.Linear(d, 3 * d)
-        self.out = nn.Linear(d, d)
+        self.qkv = nn.Linear(d, 3 * d, bias=bias)
+        self.out = nn.Linear(d, d, bias=bias)
+        self.inner = inner if inner is not None else nn.Identity()
+        self.post = post if post is not None else nn.Identity()
 
     def matrices(self) -> Dict[str, torch.Tensor]:
         d = self.out.weight.shape[0]
         w = self.qkv.weight
         return {"q": w[:d], "k": w[d:2 * d], "v": w[2 * d:], "o": self.out.weight}
+
+    def biases(self) -> Dict[str, torch.Tensor]:
+        """The bias of each matrix of `matrices`; empty without biases (Fixup)."""
+        if self.out.bias is None:
+            return {}
+        d, b = self.out.weight.shape[0], self.qkv.bias
+        return {"q": b[:d], "k": b[d:2 * d], "v": b[2 * d:], "o": self.out.bias}
 
     def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """key_mask: (B, 1, 1, T), True where a key is a real token (encoder only)."""
@@ -66,23 +131,29 @@ class SelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=key_mask, is_causal=self.causal,
             dropout_p=self.dropout if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(B, T, d))
+        return self.post(self.out(self.inner(y.transpose(1, 2).reshape(B, T, d))))
 
 
 class CrossAttention(nn.Module):
     """Decoder-to-encoder attention: W_Q on the decoder state, fused W_K|W_V on the memory."""
 
-    def __init__(self, d: int, n_heads: int, dropout: float):
+    def __init__(self, d: int, n_heads: int, dropout: float, bias: bool = True):
         super().__init__()
         self.n_heads, self.dropout = n_heads, dropout
-        self.q = nn.Linear(d, d)
-        self.kv = nn.Linear(d, 2 * d)
-        self.out = nn.Linear(d, d)
+        self.q = nn.Linear(d, d, bias=bias)
+        self.kv = nn.Linear(d, 2 * d, bias=bias)
+        self.out = nn.Linear(d, d, bias=bias)
 
     def matrices(self) -> Dict[str, torch.Tensor]:
         d = self.q.weight.shape[0]
         return {"q": self.q.weight, "k": self.kv.weight[:d], "v": self.kv.weight[d:],
                 "o": self.out.weight}
+
+    def biases(self) -> Dict[str, torch.Tensor]:
+        if self.out.bias is None:
+            return {}
+        d = self.q.weight.shape[0]
+        return {"q": self.q.bias, "k": self.kv.bias[:d], "v": self.kv.bias[d:], "o": self.out.bias}
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor,
                 memory_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -96,66 +167,265 @@ class CrossAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d: int, ffn_dim: int):
+    """fc2(inner(ReLU(pre_act(fc1 x)))); the slots are identities unless a placement fills them."""
+
+    def __init__(self, d: int, ffn_dim: int, bias: bool = True,
+                 pre_act: Optional[nn.Module] = None, inner: Optional[nn.Module] = None):
         super().__init__()
-        self.fc1 = nn.Linear(d, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, d)
+        self.fc1 = nn.Linear(d, ffn_dim, bias=bias)
+        self.fc2 = nn.Linear(ffn_dim, d, bias=bias)
+        self.pre_act = pre_act if pre_act is not None else nn.Identity()
+        self.inner = inner if inner is not None else nn.Identity()
 
     def matrices(self) -> Dict[str, torch.Tensor]:
         return {"w1": self.fc1.weight, "w2": self.fc2.weight}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.relu(self.fc1(x)))
+    def biases(self) -> Dict[str, torch.Tensor]:
+        return {} if self.fc1.bias is None else {"w1": self.fc1.bias, "w2": self.fc2.bias}
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.inner(F.relu(self.pre_act(self.fc1(x)))))
+
+
+# --- residual placements: how x and its branch G combine ----------------------------------
 
 class Residual(nn.Module):
-    """One residual sublayer x <- combine(x, G(x)), G = `branch`. REFERENCE.md Sec. 1."""
+    """One residual sublayer x <- combine(x, G(x)), G = `branch`. Each subclass below is one
+    placement of the studies; its forward is the paper's formula.
 
-    def __init__(self, branch: nn.Module, d: int, style: str, alpha: float, dropout: float):
+    `ln_input_norm` (DeepNet Fig. 3(b,c)) is the mean L2 norm, over (real) tokens, of the input
+    of the norm that sits on the residual stream: LN(x + G) for Post-LN, LN(x) for Pre-LN and
+    its relatives. A placement without one leaves it None, written as an empty cell."""
+
+    has_norm = True  # False: the placement has no normalisation at all
+
+    def __init__(self, branch: nn.Module, c: TransformerConfig, stack: str, shared: Dict[str, nn.Parameter]):
         super().__init__()
-        self.branch, self.style, self.alpha, self.dropout = branch, style, alpha, dropout
-        self.ln = nn.LayerNorm(d)
-        if style == "admin":
-            # Admin's omega: a learnable per-dimension residual scale (Liu et al. 2020, eq. 7),
-            # set by profiling in init.py before training.
-            self.omega = nn.Parameter(torch.ones(d))
+        self.branch, self.dropout = branch, c.dropout
         # Probe hooks, off in normal training: see probes/ and init.admin_profile.
         self.record_ln_input = False
         self.ln_input_mask: Optional[torch.Tensor] = None  # (B, T) real tokens, None: all
         self.ln_input_norm: Optional[torch.Tensor] = None
-        self.admin_profile = None
-
-    def forward(self, x: torch.Tensor, *context: torch.Tensor) -> torch.Tensor:
-        if self.style == "preln":                       # Xiong et al. 2020
-            return x + self._g(self._ln(x), *context)
-        g = self._g(x, *context)
-        if self.style == "postln":                      # Vaswani et al. 2017
-            return self._ln(x + g)
-        if self.style == "deepnorm":                    # DeepNet eq. (Sec. 2.3): LN(alpha x + G(x))
-            return self._ln(self.alpha * x + g)
-        if self.style == "admin":                       # Admin eq. 7: LN(omega * x + G(x))
-            if self.admin_profile is not None:
-                self.admin_profile.step(self, x, g)
-            return self._ln(self.omega * x + g)
-        raise ValueError(f"unknown residual style {self.style!r}")
 
     def _g(self, x: torch.Tensor, *context: torch.Tensor) -> torch.Tensor:
-        g = self.branch(x, *context)
+        return self._drop(self.branch(x, *context))
+
+    def _drop(self, g: torch.Tensor) -> torch.Tensor:
         return F.dropout(g, self.dropout, self.training) if self.dropout > 0 else g
 
-    def _ln(self, x: torch.Tensor) -> torch.Tensor:
+    def _stream(self, x: torch.Tensor) -> torch.Tensor:
+        """The input of the residual stream's norm, recorded for the probes when asked."""
         if self.record_ln_input:
-            # DeepNet Fig. 3(b,c): mean over (real) tokens of the L2 norm of the LN input.
             self.ln_input_norm = token_mean(x.detach().norm(dim=-1), self.ln_input_mask)
-        return self.ln(x)
+        return x
 
+
+class PostLN(Residual):
+    def __init__(self, branch, c, stack, shared):
+        super().__init__(branch, c, stack, shared)
+        self.ln = make_norm(c.norm, c.d_model)
+
+    def forward(self, x, *context):
+        return self.ln(self._stream(x + self._g(x, *context)))     # Vaswani et al. 2017
+
+
+class PreLN(Residual):
+    def __init__(self, branch, c, stack, shared):
+        super().__init__(branch, c, stack, shared)
+        self.ln = make_norm(c.norm, c.d_model)
+
+    def forward(self, x, *context):
+        return x + self._g(self.ln(self._stream(x)), *context)     # Xiong et al. 2020
+
+
+class DeepNorm(Residual):
+    def __init__(self, branch, c, stack, shared):
+        super().__init__(branch, c, stack, shared)
+        self.ln = make_norm(c.norm, c.d_model)
+        self.alpha = c.encoder_alpha if stack == "encoder" else c.decoder_alpha
+
+    def forward(self, x, *context):
+        return self.ln(self._stream(self.alpha * x + self._g(x, *context)))  # DeepNet Sec. 2.3
+
+
+class Admin(Residual):
+    def __init__(self, branch, c, stack, shared):
+        super().__init__(branch, c, stack, shared)
+        self.ln = make_norm(c.norm, c.d_model)
+        # A learnable per-dimension residual scale, set before training by init.py (profiled or
+        # closed form).
+        self.omega = nn.Parameter(torch.ones(c.d_model))
+        self.admin_profile = None
+
+    def forward(self, x, *context):
+        g = self._g(x, *context)
+        if self.admin_profile is not None:
+            self.admin_profile.step(self, x, g)
+        return self.ln(self._stream(self.omega * x + g))           # Admin (Liu et al. 2020) eq. 7
+
+
+def _layer_rezero_alpha(shared: Dict[str, nn.Parameter]) -> nn.Parameter:
+    # One alpha per layer, shared by all its sublayers, as the authors' rztx.py `resweight`
+    # (the paper's x_{i+1} = x_i + alpha_i F(x_i) does not say). Its gradient is counted in the
+    # layer's last sublayer (the FFN) by the per-sublayer grad_norm.
+    if "rezero_alpha" not in shared:
+        shared["rezero_alpha"] = nn.Parameter(torch.zeros(1))
+    return shared["rezero_alpha"]
+
+
+class ReZero(Residual):
+    has_norm = False
+
+    def __init__(self, branch, c, stack, shared):
+        super().__init__(branch, c, stack, shared)
+        self.alpha = _layer_rezero_alpha(shared)
+
+    def forward(self, x, *context):
+        return x + self.alpha * self._g(x, *context)                # ReZero (Bachlechner et al. 2020)
+
+
+class ReZeroPostLN(Residual):
+    def __init__(self, branch, c, stack, shared):
+        super().__init__(branch, c, stack, shared)
+        self.ln = make_norm(c.norm, c.d_model)
+        self.alpha = _layer_rezero_alpha(shared)
+
+    def forward(self, x, *context):
+        return self.ln(self._stream(x + self.alpha * self._g(x, *context)))  # Clinic's rezero_postln
+
+
+class Fixup(Residual):
+    has_norm = False
+
+    def __init__(self, branch, c, stack, shared):
+        super().__init__(branch, c, stack, shared)
+        self.shift, self.scale = Shift(), Scale()
+
+    def forward(self, x, *context):
+        # Fixup (Zhang et al. 2019) as its authors' transformer_zero.py: x + scale(G(shift(x)))
+        return x + self.scale(self._g(self.shift(x), *context))
+
+
+class Plain(Residual):
+    has_norm = False
+
+    def forward(self, x, *context):
+        return x + self._g(x, *context)                            # T-Fixup (Huang et al. 2020): no LN
+
+
+class Sandwich(Residual):
+    def __init__(self, branch, c, stack, shared):
+        super().__init__(branch, c, stack, shared)
+        self.ln = make_norm(c.norm, c.d_model)
+        self.ln_out = make_norm(c.norm, c.d_model)
+
+    def forward(self, x, *context):
+        # Sandwich-LN (CogView, Ding et al. 2021): Pre-LN plus an LN on the branch output;
+        # NormFormer's "Post-Attn LN" has the same shape.
+        return x + self._drop(self.ln_out(self.branch(self.ln(self._stream(x)), *context)))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What one `residual` style builds: the residual piece of every sublayer, the slots of
+    its branches, and the ends of each stack."""
+
+    residual: Callable                       # the Residual subclass of every sublayer...
+    self_attn: Optional[Callable] = None     # ... unless the self-attention has its own
+    attn_inner: Optional[Callable] = None    # self-attention, on the heads before W_O (c -> module)
+    attn_post: Optional[Callable] = None     # self-attention, after W_O
+    ffn_pre_act: Optional[Callable] = None   # FFN, between fc1 and the ReLU
+    ffn_inner: Optional[Callable] = None     # FFN, between the ReLU and fc2
+    bias: bool = True                        # biases in every Linear of the branches
+    final: Optional[Callable] = None         # on top of each stack: (c, stack) -> module
+    dense_history: bool = False              # DLCL's combination of every earlier layer
+
+
+def _final_norm(c, stack):
+    # The stream of a Pre-LN-like stack is never normalised, so each stack ends with a norm.
+    return make_norm(c.norm, c.d_model)
+
+
+def _fixup_stack_end(c, stack):
+    # transformer_zero.py: the encoder ends with scale0(shift0(x)), the decoder with shift0(x).
+    return nn.Sequential(Shift(), Scale()) if stack == "encoder" else Shift()
+
+
+def _ffn_norm(c):
+    return make_norm(c.norm, c.ffn_dim)
+
+
+def _heads_norm(c):
+    return make_norm(c.norm, c.d_model)
+
+
+def _head_scale(c):
+    return HeadScale(c.n_heads)
+
+
+PLACEMENTS: Dict[str, Placement] = {
+    "postln": Placement(PostLN),
+    "preln": Placement(PreLN, final=_final_norm),
+    "deepnorm": Placement(DeepNorm),
+    "admin": Placement(Admin),
+    "rezero": Placement(ReZero),
+    "rezero_postln": Placement(ReZeroPostLN),
+    # Fixup rule 3: scalar shifts before every linear layer and the activation, no biases.
+    "fixup": Placement(Fixup, ffn_pre_act=lambda c: Shift(), ffn_inner=lambda c: Shift(), bias=False,
+                       final=_fixup_stack_end),
+    "plain": Placement(Plain),
+    "sandwich": Placement(Sandwich, final=_final_norm),
+    # NormFormer (Shleifer et al. 2021): Post-Attn LN, HeadScale on the heads before W_O (the
+    # paper), an LN after the FFN's activation. Our choice: in both stacks (fairseq has them in
+    # its decoder layer only: the paper's models are LMs); cross-attention stays Pre-LN, as in
+    # fairseq. No ResScale (optional in the paper).
+    "normformer": Placement(PreLN, self_attn=Sandwich, attn_inner=_head_scale, ffn_inner=_ffn_norm,
+                            final=_final_norm),
+    # ... with fairseq's HeadScale after W_O (REFERENCE_METHODS Sec. 6 [!]).
+    "normformer_fairseq": Placement(PreLN, self_attn=Sandwich, attn_post=_head_scale, ffn_inner=_ffn_norm,
+                                    final=_final_norm),
+    # Sub-LN (Magneto, Wang et al. 2022): Pre-LN plus an LN before W_O of the self-attention
+    # and after the FFN's activation; cross-attention gets none, as in torchscale (the paper
+    # does not say).
+    "subln": Placement(PreLN, attn_inner=_heads_norm, ffn_inner=_ffn_norm, final=_final_norm),
+    # DLCL (Wang et al. 2019), Pre-LN form: every layer's input is a learned combination of
+    # the normalised outputs of all layers below it (DenseHistory).
+    "dlcl": Placement(PreLN, final=_final_norm, dense_history=True),
+}
+
+
+def _slot(make: Optional[Callable], c: TransformerConfig) -> Optional[nn.Module]:
+    return make(c) if make is not None else None
+
+
+class DenseHistory(nn.Module):
+    """DLCL's learnable dense layer history (fairseq layer_history.py, LearnableDenseLayerHistory):
+    with y_0 the embedding and y_k = LN_k(output of layer k), the input of layer l + 1 is
+    sum_{k <= l} W[l, k] y_k, W lower-triangular, each row initialised to the uniform average."""
+
+    def __init__(self, n_layers: int, c: TransformerConfig):
+        super().__init__()
+        w = torch.ones(n_layers + 1, n_layers + 1).tril()
+        self.weight = nn.Parameter(w / w.sum(1, keepdim=True))
+        self.norms = nn.ModuleList(make_norm(c.norm, c.d_model) for _ in range(n_layers))
+
+    def forward(self, outputs: List[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        """Store layer len(outputs)'s output y (normalised) and return the next layer's input."""
+        outputs.append(self.norms[len(outputs) - 1](y))
+        row = self.weight[len(outputs) - 1, : len(outputs)]
+        return (torch.stack(outputs) * row.view(-1, 1, 1, 1)).sum(0)
+
+
+# --- layers --------------------------------------------------------------------------------
 
 class EncoderLayer(nn.Module):
     def __init__(self, c: TransformerConfig):
         super().__init__()
-        d, a = c.d_model, c.encoder_alpha
-        self.self_attn = Residual(SelfAttention(d, c.n_heads, False, c.dropout), d, c.residual, a, c.dropout)
-        self.ffn = Residual(FeedForward(d, c.ffn_dim), d, c.residual, a, c.dropout)
+        p, d, shared = PLACEMENTS[c.residual], c.d_model, {}
+        attn = SelfAttention(d, c.n_heads, False, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c))
+        self.self_attn = (p.self_attn or p.residual)(attn, c, "encoder", shared)
+        ffn = FeedForward(d, c.ffn_dim, p.bias, _slot(p.ffn_pre_act, c), _slot(p.ffn_inner, c))
+        self.ffn = p.residual(ffn, c, "encoder", shared)
 
     def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.ffn(self.self_attn(x, key_mask))
@@ -164,10 +434,12 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, c: TransformerConfig):
         super().__init__()
-        d, a = c.d_model, c.decoder_alpha
-        self.self_attn = Residual(SelfAttention(d, c.n_heads, True, c.dropout), d, c.residual, a, c.dropout)
-        self.cross_attn = Residual(CrossAttention(d, c.n_heads, c.dropout), d, c.residual, a, c.dropout)
-        self.ffn = Residual(FeedForward(d, c.ffn_dim), d, c.residual, a, c.dropout)
+        p, d, shared = PLACEMENTS[c.residual], c.d_model, {}
+        attn = SelfAttention(d, c.n_heads, True, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c))
+        self.self_attn = (p.self_attn or p.residual)(attn, c, "decoder", shared)
+        self.cross_attn = p.residual(CrossAttention(d, c.n_heads, c.dropout, p.bias), c, "decoder", shared)
+        ffn = FeedForward(d, c.ffn_dim, p.bias, _slot(p.ffn_pre_act, c), _slot(p.ffn_inner, c))
+        self.ffn = p.residual(ffn, c, "decoder", shared)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor,
                 memory_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -189,11 +461,13 @@ class Seq2SeqTransformer(nn.Module):
         self.config = c
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.register_buffer("positions", sinusoidal_positions(c.max_len, c.d_model), persistent=False)
+        p = PLACEMENTS[c.residual]
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
-        # Pre-LN leaves the residual stream un-normalised, so each stack ends with an LN.
-        final = (lambda: nn.LayerNorm(c.d_model)) if c.residual == "preln" else nn.Identity
-        self.encoder_final_ln, self.decoder_final_ln = final(), final()
+        self.encoder_final_ln = p.final(c, "encoder") if p.final else nn.Identity()
+        self.decoder_final_ln = p.final(c, "decoder") if p.final else nn.Identity()
+        self.encoder_history = DenseHistory(c.encoder_layers, c) if p.dense_history else None
+        self.decoder_history = DenseHistory(c.decoder_layers, c) if p.dense_history else None
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         # fairseq scales embeddings by sqrt(d) so they match the sinusoids' scale.
@@ -219,17 +493,21 @@ class Seq2SeqTransformer(nn.Module):
     def encode(self, src: torch.Tensor) -> torch.Tensor:
         key_mask = self.key_mask(src)
         x = self._embed(src)
+        outputs = [x]
         for layer in self.encoder:
-            x = layer(x, key_mask)
+            y = layer(x, key_mask)
+            x = self.encoder_history(outputs, y) if self.encoder_history is not None else y
         return self.encoder_final_ln(x)
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor,
                memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The top decoder output for `tgt_in` given the encoder output (B, T, d)."""
-        y = self._embed(tgt_in)
+        x = self._embed(tgt_in)
+        outputs = [x]
         for layer in self.decoder:
-            y = layer(y, memory, memory_mask)
-        return self.decoder_final_ln(y)
+            y = layer(x, memory, memory_mask)
+            x = self.decoder_history(outputs, y) if self.decoder_history is not None else y
+        return self.decoder_final_ln(x)
 
     def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """F(x, theta): the top decoder output before the vocabulary projection, (B, T, d)."""

@@ -15,15 +15,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-GROUP_ORDER = ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin"]
+# The first six keep the colours of the figures made before the other Table 1 rows arrived.
+GROUP_ORDER = ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin",
+               "ds_init", "admin_closed_form", "rezero", "rezero_postln", "fixup", "t_fixup",
+               "dlcl", "normformer", "sandwich", "subln", "deepnorm_torchscale"]
 FIGSIZE_PER_PANEL = (4.5, 3.4)
 
 
 def group_color(group: str):
-    cmap = plt.get_cmap("tab10")
     # crc32, not hash(): str hashes change from one process to the next.
-    idx = GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER) + zlib.crc32(group.encode()) % 4
-    return cmap(idx % 10)
+    idx = GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER) + zlib.crc32(group.encode()) % 3
+    # tab10 for the first ten, then tab20's light shades: twenty distinct colours.
+    return plt.get_cmap("tab10")(idx) if idx < 10 else plt.get_cmap("tab20")((2 * (idx - 10) + 1) % 20)
 
 
 def save(fig, path: Path) -> None:
@@ -55,16 +58,17 @@ def run_labels(runs: pd.DataFrame) -> dict:
     return labels
 
 
-def update_vs_depth(metrics: pd.DataFrame, extra: Optional[Callable] = None):
-    """DeepNet's model update against depth (v1 Fig. 5): a panel per update (1, 10 and the
-    last), a line per group, the mean over seeds at each depth; `extra(ax)` draws more on each
-    panel (a paper's values). None when there are fewer than two depths."""
+def update_vs_depth(metrics: pd.DataFrame, extra: Optional[Callable] = None, last: Optional[int] = None):
+    """DeepNet's model update against depth (v1 Fig. 5): a panel per update (1, 10 and `last`,
+    the last probed step by default), a line per group, the mean over seeds at each depth;
+    `extra(ax)` draws more on each panel (a paper's values). None when there are fewer than two
+    depths."""
     from matplotlib.ticker import NullFormatter
 
     data = metrics.dropna(subset=["model_update"])
     if data.empty or data.depth.nunique() < 2:
         return None
-    steps = sorted({1, 10, int(data.step.max())} & set(data.step.unique()))
+    steps = sorted({1, 10, int(data.step.max()) if last is None else last} & set(data.step.unique()))
     depths = sorted(data.depth.unique())
     fig, axes = plt.subplots(1, len(steps), squeeze=False,
                              figsize=(FIGSIZE_PER_PANEL[0] * len(steps), FIGSIZE_PER_PANEL[1]))
@@ -82,7 +86,7 @@ def update_vs_depth(metrics: pd.DataFrame, extra: Optional[Callable] = None):
         ax.set_xlabel("depth N (N L-N L)")
         ax.set_ylabel("model update ||F(x,θ_i) − F(x,θ_0)||")
         ax.set_title(f"step {step}")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, ncol=2 if data.group.nunique() > 8 else 1)
     fig.tight_layout()
     return fig
 

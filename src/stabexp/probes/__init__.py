@@ -27,8 +27,9 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
 class LayerProbe:
     """Per-sublayer statistics of a model, in `model.residuals()` order.
 
-    The parameters of a sublayer are its branch (attention or FFN), its LayerNorm and, for
-    Admin, its omega. Norms come from one torch._foreach_norm over all gradients, summed per
+    The parameters of a sublayer are its branch (attention or FFN), its norms and its
+    placement's scalars (Admin's omega, Fixup's shift and scale); a parameter shared by the
+    sublayers of a layer (ReZero's alpha) counts in the layer's last one. Norms come from one torch._foreach_norm over all gradients, summed per
     sublayer on device, so there is no Python work per parameter beyond building lists.
     """
 
@@ -75,8 +76,10 @@ class LayerProbe:
             res.ln_input_mask = tokens.get(stack)
         try:
             feats = self.model.features(src, tgt_in)
-            ln_norms = (torch.stack([res.ln_input_norm for res in residuals]) if residuals
-                        else feats.new_zeros(0))
+            # NaN (an empty cell) where a placement has no norm on the stream (ReZero, Fixup, T-Fixup).
+            nan = feats.new_full((), float("nan"))
+            ln_norms = (torch.stack([res.ln_input_norm if res.ln_input_norm is not None else nan
+                                     for res in residuals]) if residuals else feats.new_zeros(0))
         finally:
             for res in residuals:
                 res.record_ln_input = False
@@ -87,9 +90,10 @@ class LayerProbe:
 
 
 def rows_for_layers(step: int, keys, grad_norms: List[float], ln_norms: List[float]) -> List[Dict]:
-    """Tidy rows of layers.csv: one per (step, stack, layer, sublayer)."""
+    """Tidy rows of layers.csv: one per (step, stack, layer, sublayer). A sublayer without a
+    norm on its stream gets an empty ln_input_norm cell."""
     return [
         {"step": step, "stack": stack, "layer": layer, "sublayer": name,
-         "grad_norm": g, "ln_input_norm": n}
+         "grad_norm": g, "ln_input_norm": n if n == n else None}
         for (stack, layer, name), g, n in zip(keys, grad_norms, ln_norms)
     ]

@@ -22,11 +22,12 @@ PERTURBATION = 1e-4  # Admin / Clinic: delta = 1e-4 * sign(N(0, 1))
 
 
 def perturbed_parameters(model: Seq2SeqTransformer) -> List[nn.Parameter]:
-    """Every weight except biases, LayerNorm parameters and Admin's omegas (embeddings are
-    weights and are perturbed)."""
-    skip = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
-    return [p for name, p in model.named_parameters()
-            if id(p) not in skip and not name.endswith(("bias", "omega"))]
+    """Every weight matrix and the embeddings; not biases, norm gains, Admin's omegas or the
+    scalars of ReZero, Fixup, NormFormer and DLCL (all of them vectors or scalars)."""
+    from stabexp.model.transformer import DenseHistory
+
+    skip = {id(m.weight) for m in model.modules() if isinstance(m, DenseHistory)}
+    return [p for p in model.parameters() if p.dim() >= 2 and id(p) not in skip]
 
 
 def _per_token_sq_change(a: torch.Tensor, b: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:

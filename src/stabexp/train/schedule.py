@@ -6,7 +6,8 @@ import math
 from typing import Optional
 
 
-def lr_factor(schedule: str, step: int, warmup_steps: int, init_factor: Optional[float] = None) -> float:
+def lr_factor(schedule: str, step: int, warmup_steps: int, init_factor: Optional[float] = None,
+              decay_period: int = 4000) -> float:
     """`init_factor`: fairseq's --warmup-init-lr as a fraction of the peak lr, or None."""
     if schedule == "constant":
         # DeepNet's "Post-LN without warm-up": the peak lr from the first step.
@@ -29,4 +30,8 @@ def lr_factor(schedule: str, step: int, warmup_steps: int, init_factor: Optional
         if step <= warmup_steps:
             return step / warmup_steps
         return math.sqrt(warmup_steps / step)
+    if schedule == "inverse_sqrt_nowarmup":
+        # T-Fixup's schedule (layer6ai-labs/T-Fixup, --lr-scheduler inverse_sqrt_nowarmup):
+        # lr0 sqrt(D / (D + n)) with n = t - 1 completed updates, no warm-up.
+        return math.sqrt(decay_period / (decay_period + step - 1))
     raise ValueError(f"unknown schedule {schedule!r}")

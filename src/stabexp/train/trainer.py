@@ -196,7 +196,7 @@ class Run:
         schedule = cfg.group.schedule if t.schedule == "group" else t.schedule
         init_factor = None if t.warmup_init_lr is None else t.warmup_init_lr / t.lr
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda i: lr_factor(schedule, i + 1, t.warmup_steps, init_factor))
+            self.opt, lambda i: lr_factor(schedule, i + 1, t.warmup_steps, init_factor, t.decay_period))
         self.probe = LayerProbe(model) if cfg.probe.enabled else None
         self.weights = WeightProbe(model) if cfg.probe.enabled and cfg.probe.weights else None
         if self.weights is not None:
