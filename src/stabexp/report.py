@@ -170,16 +170,25 @@ def latest_sweep() -> Optional[Path]:
     return max(sweeps, key=lambda p: p.stat().st_mtime) if sweeps else None
 
 
-def main(argv: List[str]) -> int:
+def sweep_folder(argv: List[str], command: str, usage_note: str = "", made_by: str = "stabexp run -m"):
+    """The one optional SWEEP_DIR argument of `stabexp report` / `stabexp status`: the folder,
+    or the exit code after printing usage (-h) or a one-line error."""
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
-        print("usage: stabexp report [SWEEP_DIR]   (default: the newest folder under "
-              f"{outputs_dir() / 'multirun'})", file=sys.stderr)
+        print(f"usage: stabexp {command} [SWEEP_DIR]   (default: the newest folder under "
+              f"{outputs_dir() / 'multirun'}{usage_note})", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    sweep = Path(argv[0]) if argv else latest_sweep()
-    if sweep is None or not sweep.is_dir():
+    folder = Path(argv[0]) if argv else latest_sweep()
+    if folder is None or not folder.is_dir():
         print(f"stabexp: error: no sweep folder {argv[0] if argv else 'under ' + str(outputs_dir() / 'multirun')}: "
-              "pass a folder made by `stabexp run -m`", file=sys.stderr)
+              f"pass a folder made by `{made_by}`", file=sys.stderr)
         return 2
+    return folder
+
+
+def main(argv: List[str]) -> int:
+    sweep = sweep_folder(argv, "report")
+    if isinstance(sweep, int):
+        return sweep
     try:
         print(sweep_table(sweep))
     except FileNotFoundError as err:

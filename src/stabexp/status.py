@@ -11,13 +11,12 @@ Hydra's basic sweeper does), so runs that have not started yet are listed too.
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import yaml
 
-from stabexp.config import outputs_dir, run_name
+from stabexp.config import run_name
 from stabexp.train.checkpoint import CHECKPOINT
 from stabexp.train.files import is_locked, read_summary
 
@@ -105,17 +104,11 @@ def format_states(sweep: Path, states: List[Dict]) -> str:
 
 
 def main(argv: List[str]) -> int:
-    from stabexp.report import latest_sweep
+    from stabexp.report import sweep_folder
 
-    if len(argv) > 1 or (argv and argv[0].startswith("-")):
-        print("usage: stabexp status [SWEEP_DIR]   (default: the newest folder under "
-              f"{outputs_dir() / 'multirun'}; a run folder works too)", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    folder = Path(argv[0]) if argv else latest_sweep()
-    if folder is None or not folder.is_dir():
-        print(f"stabexp: error: no sweep folder {argv[0] if argv else 'under ' + str(outputs_dir() / 'multirun')}: "
-              "pass a folder made by `stabexp run`", file=sys.stderr)
-        return 2
+    folder = sweep_folder(argv, "status", "; a run folder works too", made_by="stabexp run")
+    if isinstance(folder, int):
+        return folder
     if (folder / "summary.json").exists() or (folder / "config.yaml").exists():
         print(format_states(folder.parent, [run_state(folder)]))
     else:
