@@ -263,3 +263,38 @@ def clinic_ratio(curves: pd.DataFrame, top: str = "postln", bottom: str = "preln
         out.append({"model": model, "sublayers": int(last["index"].iloc[0]), "ratio": a.mean() / b.mean(),
                     "seed_range": f"{s['min']:.1f}-{s['max']:.1f}", "seeds": len(paired)})
     return pd.DataFrame(out)
+
+
+def lr_sensitivity(final_losses, loss_0: float) -> float:
+    """LR sensitivity (Wortsman et al. 2023, arXiv 2309.14322, Sec. 3.1):
+    E_eta[min(loss(eta), loss_0) - loss*] over the grid of learning rates eta (a log grid, so
+    the plain mean over its points), loss_0 the loss at init and loss* the best final loss over
+    the grid. A diverged run (NaN or inf) counts as loss_0. NaN when no run has a finite loss."""
+    x = np.asarray(final_losses, dtype=float)
+    if not np.isfinite(x).any():
+        return float("nan")
+    clipped = np.where(np.isfinite(x), np.minimum(x, loss_0), loss_0)
+    return float((clipped - clipped.min()).mean())
+
+
+def lr_setting(run: str) -> str:
+    """What a run of an lr sweep holds fixed besides the lr: its folder name (the overrides that
+    made it) without train.lr, experiment and scale."""
+    parts = str(run).replace("\\", "/").rsplit("/", 1)[-1].split("__")
+    kept = [p for p in parts if not p.startswith(("train.lr=", "experiment=", "scale="))]
+    return " ".join(kept) or "(defaults)"
+
+
+def lr_sensitivity_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting (lr_setting) and lr: the final eval loss (NaN: diverged or
+    unfinished), the eval loss at init (step 0), and the setting's LR sensitivity."""
+    init = metrics[metrics.step == 0].set_index("run")["eval_loss"] if "eval_loss" in metrics else pd.Series(dtype=float)
+    rows = []
+    for _, r in runs.iterrows():
+        final = r.final_eval_loss if r.status == "completed" else float("nan")
+        rows.append({"setting": lr_setting(r.run), "lr": float(r.lr), "final_eval_loss": final,
+                     "status": r.status, "loss_0": init.get(r.run, float("nan"))})
+    table = pd.DataFrame(rows).sort_values(["setting", "lr"])
+    sensitivity = {s: lr_sensitivity(t.final_eval_loss, t.loss_0.mean()) for s, t in table.groupby("setting")}
+    table["lr_sensitivity"] = table.setting.map(sensitivity)
+    return table.reset_index(drop=True)

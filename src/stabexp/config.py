@@ -77,9 +77,13 @@ if not OmegaConf.has_resolver("stabexp_outputs"):
 # --- schema --------------------------------------------------------------------------------
 
 SCHEDULES = ("constant", "warmup_inverse_sqrt", "inverse_sqrt_nowarmup")
-ARCHS = ("transformer", "normmlp")
-TASKS_OF_ARCH = {"transformer": ("reverse", "translation"), "normmlp": ("teacher",)}
-SUBWORDS = ("bpe", "unigram")
+# transformer: the encoder-decoder; decoder_only / encoder_only: one stack (model/lm.py).
+ARCHS = ("transformer", "decoder_only", "encoder_only", "normmlp")
+TASKS_OF_ARCH = {"transformer": ("reverse", "translation"), "decoder_only": ("lm",), "encoder_only": ("lm",),
+                 "normmlp": ("teacher",)}
+SUBWORDS = ("bpe", "unigram")  # and char, for task=lm
+# Init rules whose constants exist for an encoder-decoder only (T-Fixup's encoder and decoder factors).
+ENCODER_DECODER_ONLY = ("t_fixup",)
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -100,12 +104,15 @@ class ModelConfig:
     """Width of the Transformer (conf/model/*.yaml). Depth is the top-level `depth`."""
 
     name: str = MISSING
-    arch: str = "transformer"  # transformer (model/transformer.py) or normmlp (model/normmlp.py)
+    arch: str = "transformer"  # transformer: encoder-decoder (model/transformer.py); decoder_only
+                               # or encoder_only: one stack of `depth` layers (model/lm.py);
+                               # normmlp (model/normmlp.py)
     d_model: int = 64          # residual width d (normmlp: hidden width)
     ffn_dim: int = 128         # FFN hidden width
     n_heads: int = 2           # attention heads; d_model must divide by it
     norm: str = "layernorm"    # layernorm or rmsnorm at every norm of the group's placement
     dropout: float = 0.0       # on branch outputs and attention; 0 keeps runs deterministic
+    qk_norm: bool = False      # QK-LayerNorm: a norm over each head's q and k (Dehghani et al. 2023)
 
 
 @dataclass
@@ -117,7 +124,7 @@ class TaskConfig:
     kind: str = MISSING        # reverse | teacher | translation: the task class (data/__init__.py)
     vocab_size: int = 16       # reverse: symbols incl. BOS (chance ln(vocab_size - 1));
                                # translation: size of the joint subword vocabulary to learn
-    seq_len: int = 10          # reverse: source and target length
+    seq_len: int = 10          # reverse: source and target length; lm: tokens per window
     eval_batch_size: int = 256  # reverse: the fixed held-out batch; translation: sentences per
                                # batch when scoring and translating the validation / test split
     probe_batch_size: int = 32  # fixed batch x of the model update F(x, theta_i) (translation:
@@ -125,8 +132,10 @@ class TaskConfig:
     classes: int = 10          # teacher: classes (chance loss ln(classes))
     in_dim: int = 32           # teacher: input features
     label_noise: float = 0.1   # teacher: fraction of labels drawn at random
-    # translation: files {path}/{split}.{lang}[.gz], one sentence per line
+    mask_prob: float = 0.15    # lm with model.arch=encoder_only: masked-LM positions (BERT)
+    # translation: files {path}/{split}.{lang}[.gz], one sentence per line; lm: {path}/{split}.txt
     path: Optional[str] = None  # the corpus folder; null: the cached download of `download`
+                               # (lm: the built-in text, Python's pydoc_data topics)
     download: str = ""         # a corpus fetched into $STABEXP_DATA on first use (multi30k)
     url: str = ""              # where `download` comes from; empty: its public home
     src_lang: str = "de"
@@ -136,7 +145,8 @@ class TaskConfig:
     test_split: str = "test"
     max_len: int = 128         # subwords per side: longer training pairs are dropped, longer
                                # validation / test sides cut
-    subword: str = "bpe"       # bpe | unigram (sentencepiece), learned jointly on the train split
+    subword: str = "bpe"       # bpe | unigram (sentencepiece), learned jointly on the train split;
+                               # lm also char (characters)
     bleu_sentences: int = 0    # validation pairs (the first n) translated for valid_bleu; 0: all
     beam: int = 1              # 1: greedy decoding; > 1: beam search of that width
     bleu: bool = True          # false: no valid_bleu and no test translations (losses only),
@@ -147,7 +157,8 @@ class TaskConfig:
 class OptimConfig:
     """The optimiser (conf/optim/*.yaml)."""
 
-    name: str = MISSING         # adam (coupled L2 decay), adamw, sgd or sgdm: train/optim.py
+    name: str = MISSING         # adam (coupled L2 decay), adamw, adamw_independent, sgd or sgdm:
+                                # train/optim.py
     betas: List[float] = field(default_factory=lambda: [0.9, 0.98])  # adam, adamw
     eps: float = 1e-8           # adam, adamw
     momentum: float = 0.0       # sgdm
@@ -173,6 +184,8 @@ class TrainConfig:
                                 # --max-tokens; batches are length-bucketed either way
     label_smoothing: float = 0.0  # of the training loss (0.1 in the translation studies)
     clip_norm: float = 0.0      # total grad-norm clipping; 0 = off (as in the studies)
+    z_loss: float = 0.0         # coefficient of the mean (log Z)^2 added to the training loss
+                                # (PaLM; Wortsman et al. 2023 use 1e-4); 0 = off
     eval_every: int = 100       # eval loss / accuracy on the held-out batch every so many steps
     explode_factor: float = 4.0  # loss > this x max(chance loss, first loss) counts as diverged
     device: str = "auto"        # auto (cuda when present), cpu or cuda
@@ -279,6 +292,12 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.task.kind in TASKS_OF_ARCH[m.arch], "task", cfg.task.name,
           f"model.arch={m.arch} trains on tasks of kind {', '.join(TASKS_OF_ARCH[m.arch])}")
     g = cfg.group
+    if m.arch in ("decoder_only", "encoder_only"):
+        _need(cfg.decoder_depth is None, "decoder_depth", cfg.decoder_depth,
+              f"model.arch={m.arch} has one stack of `depth` layers (leave decoder_depth null)")
+        _need(g.init not in ENCODER_DECODER_ONLY, "group.init", g.init,
+              f"its constants are defined for an encoder-decoder only (model.arch=transformer), "
+              f"not for model.arch={m.arch}")
     _need(g.residual in PLACEMENTS, "group.residual", g.residual, f"one of {', '.join(PLACEMENTS)}")
     _need(g.init in INIT_RULES, "group.init", g.init, f"one of {', '.join(INIT_RULES)}")
     _need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
@@ -335,6 +354,7 @@ def validate(cfg: DictConfig) -> None:
           f"must be 0 or above task.max_len={t.max_len}, so every kept pair fits a batch")
     _need(0.0 <= tr.label_smoothing < 1.0, "train.label_smoothing", tr.label_smoothing, "must be in [0, 1)")
     _need(tr.clip_norm >= 0, "train.clip_norm", tr.clip_norm, "must be >= 0 (0 = off)")
+    _need(tr.z_loss >= 0, "train.z_loss", tr.z_loss, "must be >= 0 (0 = off)")
     _need(tr.eval_every >= 1, "train.eval_every", tr.eval_every, "must be an integer >= 1")
     _need(tr.explode_factor > 1, "train.explode_factor", tr.explode_factor, "must be > 1")
     _need(tr.device in ("auto", "cpu", "cuda"), "train.device", tr.device, "one of auto, cpu, cuda")

@@ -19,6 +19,7 @@ from stabexp.analysis import (
     clinic_fits,
     clinic_ratio,
     encoder_input_change,
+    lr_sensitivity_table,
     last_w2_grad,
     output_change_fits,
     output_change_table,
@@ -145,7 +146,10 @@ def sweep_table(sweep_dir: Path) -> str:
     change = output_change_table(tables["metrics"], tables["layers"]) if at_init else None
     depths = sorted(runs.depth.unique())
     groups = ordered_groups(runs.group)
-    lines = ["| group | " + " | ".join(f"{d}L-{d}L" for d in depths) + " |",
+    if runs.lr.nunique() > 1:
+        return f"{sweep_dir}\n\n" + "\n".join(lr_section(tables))
+    single = runs.decoder_depth.isna().all()  # decoder-only / encoder-only: one stack of `depth` layers
+    lines = ["| group | " + " | ".join(f"{d}L" if single else f"{d}L-{d}L" for d in depths) + " |",
              "|---|" + "---|" * len(depths)]
     for g in groups:
         if at_init:
@@ -163,6 +167,31 @@ def sweep_table(sweep_dir: Path) -> str:
         note = f"Cells: final eval loss (token accuracy). Chance loss {chance.iloc[0]:.3f}." if len(chance) else ""
     text = f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")
     return text + "\n".join(["", *fits_section(tables)])
+
+
+def lr_section(tables) -> List[str]:
+    """An lr sweep: final eval loss per setting and lr, and each setting's LR sensitivity
+    (stabexp.analysis.lr_sensitivity)."""
+    table = lr_sensitivity_table(tables["runs"], tables["metrics"])
+    lrs = sorted(table.lr.unique())
+    lines = ["| setting | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | LR sensitivity |",
+             "|---|" + "---|" * (len(lrs) + 1)]
+    for setting, rows in table.groupby("setting", sort=False):
+        by_lr = rows.set_index("lr")
+        cells = []
+        for lr in lrs:
+            if lr not in by_lr.index:
+                cells.append("-")
+            else:
+                r = by_lr.loc[lr]
+                cells.append(f"{r.final_eval_loss:.3f}" if r.status == "completed" else str(r.status))
+        lines.append(f"| {setting} | " + " | ".join(cells) + f" | {rows.lr_sensitivity.iloc[0]:.3f} |")
+    loss_0 = table.loss_0.dropna()
+    lines += ["", "Cells: final eval loss. LR sensitivity: E_eta[min(loss(eta), loss_0) - loss*] over the lr "
+              "grid (Wortsman et al. 2023), loss_0 the eval loss at init"
+              + (f" ({loss_0.mean():.3f})" if len(loss_0) else "") + ", loss* the best final loss of the "
+              "setting; a diverged run counts as loss_0."]
+    return lines
 
 
 def latest_sweep() -> Optional[Path]:

@@ -2,14 +2,15 @@
 
 - reverse: sequence reversal, generated in-process from the seed;
 - teacher: classification by a random teacher (the SMD study's normalised network);
-- translation: parallel text from a folder, or a corpus downloaded on first use (multi30k).
+- translation: parallel text from a folder, or a corpus downloaded on first use (multi30k);
+- lm: language modelling on English text (built in, or a folder), for the single-stack models.
 """
 
 from stabexp.data.reverse import ReverseTask
 from stabexp.data.task import Task
 from stabexp.data.teacher import TeacherTask
 
-KINDS = ("reverse", "teacher", "translation")
+KINDS = ("reverse", "teacher", "translation", "lm")
 
 
 def make_task(cfg, device) -> Task:
@@ -19,6 +20,10 @@ def make_task(cfg, device) -> Task:
         from stabexp.data.translation import TranslationTask
 
         return TranslationTask(cfg, device)
+    if t.kind == "lm":
+        from stabexp.data.lm import LanguageModelTask
+
+        return LanguageModelTask(cfg, device)
     sizes = {"batch_size": cfg.train.batch_size, "eval_batch_size": t.eval_batch_size,
              "probe_batch_size": t.probe_batch_size, "label_smoothing": cfg.train.label_smoothing}
     if t.kind == "teacher":
@@ -33,6 +38,12 @@ def prepare(cfg) -> None:
         from stabexp.data.translation import load_corpus
 
         load_corpus(cfg.task)
+    if cfg.task.kind == "lm":
+        import torch
+
+        from stabexp.data.lm import LanguageModelTask
+
+        LanguageModelTask(cfg, torch.device("cpu"))
 
 
 __all__ = ["ReverseTask", "TeacherTask", "Task", "KINDS", "make_task", "prepare"]

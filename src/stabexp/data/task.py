@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+IGNORE = -100  # a target that is not predicted (masked LM's unmasked positions): PyTorch's ignore_index
 
 
 class Task:
@@ -47,7 +48,11 @@ class Task:
         """The training loss: cross-entropy, mean over real target tokens (padding ignored),
         label-smoothed (Szegedy et al. 2016; fairseq's label_smoothed_cross_entropy)."""
         return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), label_smoothing=self.label_smoothing,
-                               ignore_index=-100 if self.pad_id is None else self.pad_id)
+                               ignore_index=IGNORE if self.pad_id is None else self.pad_id)
+
+    def predicted(self, tgt_out: torch.Tensor) -> torch.Tensor:
+        """(B, T) bool: the target positions the loss counts (not padding, not IGNORE)."""
+        return tgt_out != (IGNORE if self.pad_id is None else self.pad_id)
 
     def evaluate(self, model, step: int = 0) -> Dict[str, float]:
         """The eval columns of metrics.csv (`eval_columns`) for the model after `step` updates."""
@@ -101,6 +106,6 @@ def token_stats(model, batch: Batch) -> torch.Tensor:
     logits = model(src, tgt_in)
     nll = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), reduction="none")
     real = model.feature_mask(src, tgt_in)
-    real = torch.ones_like(nll) if real is None else real.flatten().float()
+    real = (tgt_out.flatten() != IGNORE).float() if real is None else real.flatten().float()
     correct = (logits.argmax(-1).flatten() == tgt_out.flatten()).float() * real
     return torch.stack([(nll * real).sum(), correct.sum(), real.sum()])

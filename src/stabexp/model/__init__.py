@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-from stabexp.model.init import INIT_RULES, deepnorm_encoder_decoder, initial_scalars
+from stabexp.model.init import INIT_RULES, deepnorm_constants, initial_scalars
+from stabexp.model.lm import SINGLE_STACK, LanguageModel
 from stabexp.model.normmlp import NormMLP, NormMLPConfig
 from stabexp.model.transformer import PLACEMENTS, Seq2SeqTransformer, TransformerConfig
 
@@ -16,18 +17,21 @@ def build_model(cfg, vocab_size: int, pad_id: Optional[int] = None, max_position
     if cfg.model.arch == "normmlp":
         return NormMLP(NormMLPConfig(in_dim=cfg.task.in_dim, width=cfg.model.d_model, depth=cfg.depth,
                                      classes=cfg.task.classes))
-    n_enc = cfg.depth
-    n_dec = cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth
+    arch = cfg.model.arch
+    # `depth` counts the layers of a single stack; an encoder-decoder has N = depth, M = decoder_depth.
+    n_enc = 0 if arch == "decoder_only" else cfg.depth
+    n_dec = 0 if arch == "encoder_only" else (cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth)
     alphas = {"encoder": 1.0, "decoder": 1.0}
     if cfg.group.residual == "deepnorm":  # the paper's alphas, which torchscale shares
-        alphas = {s: c["alpha"] for s, c in deepnorm_encoder_decoder(n_enc, n_dec).items()}
-    return Seq2SeqTransformer(TransformerConfig(
+        alphas.update({s: c["alpha"] for s, c in deepnorm_constants(n_enc, n_dec).items()})
+    c = TransformerConfig(
         vocab_size=vocab_size, d_model=cfg.model.d_model, ffn_dim=cfg.model.ffn_dim,
         n_heads=cfg.model.n_heads, encoder_layers=n_enc, decoder_layers=n_dec,
         residual=cfg.group.residual, norm=cfg.model.norm, encoder_alpha=alphas["encoder"],
         decoder_alpha=alphas["decoder"], dropout=cfg.model.dropout, max_len=max_positions,
-        pad_id=pad_id,
-    ))
+        pad_id=pad_id, qk_norm=cfg.model.qk_norm,
+    )
+    return LanguageModel(c, arch) if arch in SINGLE_STACK else Seq2SeqTransformer(c)
 
 
 def initialise(model, rule: str, batch: Callable) -> Dict:
@@ -36,14 +40,16 @@ def initialise(model, rule: str, batch: Callable) -> Dict:
     if isinstance(model, NormMLP):
         return {"residual": None, "init": "kaiming_normal (model/normmlp.py)"}
     has_norm = PLACEMENTS[model.config.residual].residual.has_norm
+    stacks = [s for s in ("encoder", "decoder") if len(getattr(model, s))]
+    alpha = {"encoder": model.config.encoder_alpha, "decoder": model.config.decoder_alpha}
     constants: Dict = {"residual": model.config.residual, "init": rule,
                        "norm": model.config.norm if has_norm else None,
-                       "alpha": {"encoder": model.config.encoder_alpha,
-                                 "decoder": model.config.decoder_alpha}}
+                       "qk_norm": model.config.qk_norm,
+                       "alpha": {s: alpha[s] for s in stacks}}
     constants.update(INIT_RULES[rule](model, batch))
     constants.update(initial_scalars(model))
     return constants
 
 
-__all__ = ["Seq2SeqTransformer", "TransformerConfig", "NormMLP", "NormMLPConfig", "build_model",
+__all__ = ["Seq2SeqTransformer", "LanguageModel", "TransformerConfig", "NormMLP", "NormMLPConfig", "build_model",
            "initialise", "INIT_RULES"]

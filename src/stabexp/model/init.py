@@ -37,6 +37,14 @@ def deepnorm_encoder_decoder(n_enc: int, n_dec: int) -> Dict[str, Dict[str, floa
     }
 
 
+def deepnorm_constants(n_enc: int, n_dec: int) -> Dict[str, Dict[str, float]]:
+    """DeepNorm's alpha and beta per stack of a model with n_enc encoder and n_dec decoder
+    layers: the single-stack row when one stack is empty (decoder-only, encoder-only)."""
+    if n_enc == 0 or n_dec == 0:
+        return {"encoder" if n_dec == 0 else "decoder": deepnorm_single_stack(n_enc or n_dec)}
+    return deepnorm_encoder_decoder(n_enc, n_dec)
+
+
 # --- rules -------------------------------------------------------------------------------
 
 def _stack_depth(model: Seq2SeqTransformer, stack: str) -> int:
@@ -86,9 +94,10 @@ DEEPNORM_SCALED = ("v", "o", "w1", "w2")
 @torch.no_grad()
 def deepnorm(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
     """DeepNet Sec. 2.3: xavier_normal with gain beta for W_V, W_O, W_1, W_2 (the decoder's
-    cross-attention V and O too), gain 1 for W_Q, W_K; beta per stack from the enc-dec table."""
+    cross-attention V and O too), gain 1 for W_Q, W_K; beta per stack from the enc-dec table,
+    or the single-stack row for a decoder-only or encoder-only model."""
     xavier(model)
-    constants = deepnorm_encoder_decoder(len(model.encoder), len(model.decoder))
+    constants = deepnorm_constants(len(model.encoder), len(model.decoder))
     for stack, _, _, res in model.residuals():
         for name, w in res.branch.matrices().items():
             if name in DEEPNORM_SCALED:
@@ -128,9 +137,10 @@ def ds_init_code(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -
 
 
 def fixup_constants(n_enc: int, n_dec: int) -> Dict[str, float]:
-    """Fixup's L = 2N + 3M residual branches of an encoder-decoder, and its factors: attention
-    inputs L^(-1/6) (treated as m = 4 layers deep), FFN input L^(-1/2) (m = 2)."""
-    L = 2 * n_enc + 3 * n_dec
+    """Fixup's L residual branches, 2N + 3M in an encoder-decoder (2L in a single stack: no
+    cross-attention), and its factors: attention inputs L^(-1/6) (treated as m = 4 layers
+    deep), FFN input L^(-1/2) (m = 2)."""
+    L = 2 * n_enc + 3 * n_dec if n_enc and n_dec else 2 * (n_enc + n_dec)
     return {"L": L, "attn_in": L ** (-1 / 6), "fc1": L ** -0.5}
 
 
@@ -179,7 +189,10 @@ def t_fixup(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dic
 
 def subln_encoder_decoder(n_enc: int, n_dec: int) -> Dict[str, float]:
     """Sub-LN's gamma (Magneto, arXiv 2210.06423) for an encoder-decoder:
-    encoder sqrt(ln(3M) ln(2N) / 3), decoder sqrt(ln 3M)."""
+    encoder sqrt(ln(3M) ln(2N) / 3), decoder sqrt(ln 3M); a single stack of L layers
+    (decoder-only, encoder-only) sqrt(ln 2L)."""
+    if n_enc == 0 or n_dec == 0:
+        return {"encoder" if n_dec == 0 else "decoder": math.sqrt(math.log(2 * (n_enc or n_dec)))}
     return {"encoder": math.sqrt(math.log(3 * n_dec) * math.log(2 * n_enc) / 3),
             "decoder": math.sqrt(math.log(3 * n_dec))}
 
@@ -197,9 +210,11 @@ def subln(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
 
 def deepnorm_torchscale_constants(n_enc: int, n_dec: int) -> Dict[str, Dict[str, float]]:
     """torchscale 0.3.0's effective DeepNorm constants (REFERENCE_METHODS Sec. 10 [!]): the same
-    alphas, encoder beta 1.15 (N^4 M)^(-1/16) instead of the paper's 0.87 (N^4 M)^(-1/16)."""
-    k = deepnorm_encoder_decoder(n_enc, n_dec)
-    k["encoder"]["beta"] = 1.15 * (n_enc ** 4 * n_dec) ** (-1 / 16)
+    alphas, encoder beta 1.15 (N^4 M)^(-1/16) instead of the paper's 0.87 (N^4 M)^(-1/16).
+    A single stack: the paper's constants, which torchscale's (8L)^(1/4) matches."""
+    k = deepnorm_constants(n_enc, n_dec)
+    if n_enc and n_dec:
+        k["encoder"]["beta"] = 1.15 * (n_enc ** 4 * n_dec) ** (-1 / 16)
     return k
 
 
@@ -275,9 +290,12 @@ def admin_closed_form_omega(n_sublayers: int) -> float:
 @torch.no_grad()
 def admin_closed_form(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
     """Admin with admin-torch's closed-form omega (no profiling batch): Xavier, then one omega
-    for every sublayer of a stack, n = 2N (encoder) or 3M (decoder) sublayers."""
+    for every sublayer of a stack, n its residual sublayers: 2N (encoder, or any single stack)
+    or 3M (decoder of an encoder-decoder)."""
     xavier(model)
-    n = {"encoder": 2 * len(model.encoder), "decoder": 3 * len(model.decoder)}
+    n: Dict[str, int] = {}
+    for stack, *_ in model.residuals():
+        n[stack] = n.get(stack, 0) + 1
     omega = {stack: admin_closed_form_omega(n[stack]) for stack in n}
     for stack, _, _, res in model.residuals():
         res.omega.fill_(omega[stack])

@@ -39,6 +39,7 @@ class TransformerConfig:
     dropout: float = 0.0       # on attention weights, branch outputs and embeddings
     max_len: int = 512         # positions covered by the sinusoidal table
     pad_id: Optional[int] = None  # padding token of variable-length batches; None: no masks
+    qk_norm: bool = False      # a norm on each head's q and k before the dot product (Sec. 11)
 
 
 def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
@@ -98,15 +99,60 @@ class HeadScale(nn.Module):
 
 # --- branches G: attention and FFN, each with optional slots that placements fill ---------
 
-class SelfAttention(nn.Module):
+def _qk_norms(c: "TransformerConfig") -> Tuple[Optional[nn.Module], Optional[nn.Module]]:
+    """QK-LayerNorm (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al. 2023): a norm over
+    each head's d_h features of q and of k, after the projections and before q.k / sqrt(d_h),
+    as timm's `q_norm = norm_layer(head_dim)`. The model's norm kind (layernorm or rmsnorm)."""
+    if not c.qk_norm:
+        return None, None
+    d_head = c.d_model // c.n_heads
+    return make_norm(c.norm, d_head), make_norm(c.norm, d_head)
+
+
+def max_attention_logit(q: torch.Tensor, k: torch.Tensor, causal: bool,
+                        key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The largest attention logit q_i.k_j / sqrt(d_h) over batch, heads and the (query, key)
+    pairs the attention may use (Wortsman et al. 2023, Sec. 3.1: attention logit growth).
+    q: (B, h, T, d_h), k: (B, h, S, d_h); key_mask (B, 1, 1, S) True where a key is real."""
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    allowed = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed.tril()
+    if key_mask is not None:
+        allowed = allowed & key_mask
+    return logits.masked_fill(~allowed, float("-inf")).amax()
+
+
+class _Attention(nn.Module):
+    """What both attentions share: the optional per-head q / k norms and the probe hook that
+    records the largest attention logit of the pass (off in normal training)."""
+
+    def _setup(self, n_heads: int, dropout: float, qk_norm):
+        self.n_heads, self.dropout = n_heads, dropout
+        q_norm, k_norm = qk_norm if qk_norm is not None else (None, None)
+        self.q_norm = q_norm if q_norm is not None else nn.Identity()
+        self.k_norm = k_norm if k_norm is not None else nn.Identity()
+        self.record_max_logit = False
+        self.max_logit: Optional[torch.Tensor] = None
+
+    def _attend(self, q, k, v, mask, causal: bool) -> torch.Tensor:
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.record_max_logit:
+            self.max_logit = max_attention_logit(q.detach(), k.detach(), causal, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              dropout_p=self.dropout if self.training else 0.0)
+
+class SelfAttention(_Attention):
     """Multi-head self-attention with one fused QKV matrix. Init rules address W_Q, W_K, W_V
     as row blocks of `qkv.weight` (see `matrices`), so per-matrix rules stay exact.
-    Slots: `inner` acts on the concatenated heads before W_O, `post` on W_O's output."""
+    Slots: `inner` acts on the concatenated heads before W_O, `post` on W_O's output;
+    `qk_norm` a (q, k) pair of per-head norms (_qk_norms)."""
 
     def __init__(self, d: int, n_heads: int, causal: bool, dropout: float, bias: bool = True,
-                 inner: Optional[nn.Module] = None, post: Optional[nn.Module] = None):
+                 inner: Optional[nn.Module] = None, post: Optional[nn.Module] = None, qk_norm=None):
         super().__init__()
-        self.n_heads, self.causal, self.dropout = n_heads, causal, dropout
+        self._setup(n_heads, dropout, qk_norm)
+        self.causal = causal
         self.qkv = nn.Linear(d, 3 * d, bias=bias)
         self.out = nn.Linear(d, d, bias=bias)
         self.inner = inner if inner is not None else nn.Identity()
@@ -128,18 +174,16 @@ class SelfAttention(nn.Module):
         """key_mask: (B, 1, 1, T), True where a key is a real token (encoder only)."""
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=key_mask, is_causal=self.causal,
-            dropout_p=self.dropout if self.training else 0.0)
+        y = self._attend(q, k, v, key_mask, self.causal)
         return self.post(self.out(self.inner(y.transpose(1, 2).reshape(B, T, d))))
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(_Attention):
     """Decoder-to-encoder attention: W_Q on the decoder state, fused W_K|W_V on the memory."""
 
-    def __init__(self, d: int, n_heads: int, dropout: float, bias: bool = True):
+    def __init__(self, d: int, n_heads: int, dropout: float, bias: bool = True, qk_norm=None):
         super().__init__()
-        self.n_heads, self.dropout = n_heads, dropout
+        self._setup(n_heads, dropout, qk_norm)
         self.q = nn.Linear(d, d, bias=bias)
         self.kv = nn.Linear(d, 2 * d, bias=bias)
         self.out = nn.Linear(d, d, bias=bias)
@@ -161,8 +205,7 @@ class CrossAttention(nn.Module):
         S, h = memory.shape[1], self.n_heads
         q = self.q(x).view(B, T, h, d // h).transpose(1, 2)
         k, v = self.kv(memory).view(B, S, 2, h, d // h).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=memory_mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = self._attend(q, k, v, memory_mask, False)
         return self.out(y.transpose(1, 2).reshape(B, T, d))
 
 
@@ -419,13 +462,17 @@ class DenseHistory(nn.Module):
 # --- layers --------------------------------------------------------------------------------
 
 class EncoderLayer(nn.Module):
-    def __init__(self, c: TransformerConfig):
+    """Self-attention then FFN: a layer of the encoder, or with causal=True (stack "decoder")
+    a layer of a decoder-only model, which has no cross-attention (model/lm.py)."""
+
+    def __init__(self, c: TransformerConfig, causal: bool = False, stack: str = "encoder"):
         super().__init__()
         p, d, shared = PLACEMENTS[c.residual], c.d_model, {}
-        attn = SelfAttention(d, c.n_heads, False, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c))
-        self.self_attn = (p.self_attn or p.residual)(attn, c, "encoder", shared)
+        attn = SelfAttention(d, c.n_heads, causal, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c),
+                             _qk_norms(c))
+        self.self_attn = (p.self_attn or p.residual)(attn, c, stack, shared)
         ffn = FeedForward(d, c.ffn_dim, p.bias, _slot(p.ffn_pre_act, c), _slot(p.ffn_inner, c))
-        self.ffn = p.residual(ffn, c, "encoder", shared)
+        self.ffn = p.residual(ffn, c, stack, shared)
 
     def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.ffn(self.self_attn(x, key_mask))
@@ -435,9 +482,11 @@ class DecoderLayer(nn.Module):
     def __init__(self, c: TransformerConfig):
         super().__init__()
         p, d, shared = PLACEMENTS[c.residual], c.d_model, {}
-        attn = SelfAttention(d, c.n_heads, True, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c))
+        attn = SelfAttention(d, c.n_heads, True, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c),
+                             _qk_norms(c))
         self.self_attn = (p.self_attn or p.residual)(attn, c, "decoder", shared)
-        self.cross_attn = p.residual(CrossAttention(d, c.n_heads, c.dropout, p.bias), c, "decoder", shared)
+        cross = CrossAttention(d, c.n_heads, c.dropout, p.bias, _qk_norms(c))
+        self.cross_attn = p.residual(cross, c, "decoder", shared)
         ffn = FeedForward(d, c.ffn_dim, p.bias, _slot(p.ffn_pre_act, c), _slot(p.ffn_inner, c))
         self.ffn = p.residual(ffn, c, "decoder", shared)
 
@@ -455,12 +504,45 @@ def sinusoidal_positions(max_len: int, d: int) -> torch.Tensor:
     return F.pad(table, (0, d - 2 * half))
 
 
-class Seq2SeqTransformer(nn.Module):
+class TokenModel(nn.Module):
+    """What every Transformer here shares: token embeddings tied with the output projection,
+    sinusoidal positions, and the stack walk with DLCL's optional dense history."""
+
     def __init__(self, c: TransformerConfig):
         super().__init__()
         self.config = c
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.register_buffer("positions", sinusoidal_positions(c.max_len, c.d_model), persistent=False)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        # fairseq scales embeddings by sqrt(d) so they match the sinusoids' scale.
+        x = self.embed(tokens) * math.sqrt(self.config.d_model) + self.positions[: tokens.shape[1]]
+        return F.dropout(x, self.config.dropout, self.training)
+
+    @staticmethod
+    def _run_stack(layers, history: Optional[DenseHistory], x: torch.Tensor, *context) -> torch.Tensor:
+        outputs = [x]
+        for layer in layers:
+            y = layer(x, *context)
+            x = history(outputs, y) if history is not None else y
+        return x
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return F.linear(features, self.embed.weight)  # tied with the input embeddings
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return self.logits(self.features(src, tgt_in))
+
+    def attentions(self) -> Iterator[Optional[nn.Module]]:
+        """The attention of each residual sublayer in `residuals()` order (None for an FFN):
+        where the probes read the largest attention logit."""
+        for *_, res in self.residuals():
+            yield res.branch if isinstance(res.branch, _Attention) else None
+
+
+class Seq2SeqTransformer(TokenModel):
+    def __init__(self, c: TransformerConfig):
+        super().__init__(c)
         p = PLACEMENTS[c.residual]
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
@@ -468,11 +550,6 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder_final_ln = p.final(c, "decoder") if p.final else nn.Identity()
         self.encoder_history = DenseHistory(c.encoder_layers, c) if p.dense_history else None
         self.decoder_history = DenseHistory(c.decoder_layers, c) if p.dense_history else None
-
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        # fairseq scales embeddings by sqrt(d) so they match the sinusoids' scale.
-        x = self.embed(tokens) * math.sqrt(self.config.d_model) + self.positions[: tokens.shape[1]]
-        return F.dropout(x, self.config.dropout, self.training)
 
     def token_masks(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Dict[str, Optional[torch.Tensor]]:
         """The real tokens of each stack's input, {"encoder": (B, S), "decoder": (B, T)} bool;
@@ -491,33 +568,18 @@ class Seq2SeqTransformer(nn.Module):
         return None if self.config.pad_id is None else (src != self.config.pad_id)[:, None, None, :]
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:
-        key_mask = self.key_mask(src)
-        x = self._embed(src)
-        outputs = [x]
-        for layer in self.encoder:
-            y = layer(x, key_mask)
-            x = self.encoder_history(outputs, y) if self.encoder_history is not None else y
+        x = self._run_stack(self.encoder, self.encoder_history, self._embed(src), self.key_mask(src))
         return self.encoder_final_ln(x)
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor,
                memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The top decoder output for `tgt_in` given the encoder output (B, T, d)."""
-        x = self._embed(tgt_in)
-        outputs = [x]
-        for layer in self.decoder:
-            y = layer(x, memory, memory_mask)
-            x = self.decoder_history(outputs, y) if self.decoder_history is not None else y
+        x = self._run_stack(self.decoder, self.decoder_history, self._embed(tgt_in), memory, memory_mask)
         return self.decoder_final_ln(x)
 
     def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """F(x, theta): the top decoder output before the vocabulary projection, (B, T, d)."""
         return self.decode(tgt_in, self.encode(src), self.key_mask(src))
-
-    def logits(self, features: torch.Tensor) -> torch.Tensor:
-        return F.linear(features, self.embed.weight)  # tied with the input embeddings
-
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        return self.logits(self.features(src, tgt_in))
 
     def residuals(self) -> Iterator[Tuple[str, int, str, Residual]]:
         """(stack, layer 1-based from the bottom, sublayer name, module), bottom-up per stack."""

@@ -3,6 +3,11 @@
 - model_update: DeepNet Sec. 3 / Fig. 3(a), ||F(x, theta_i) - F(x, theta_0)||.
 - per-sublayer gradient norms: DeepNet Fig. 3(d) / Fig. 2.
 - ln_input_norm: DeepNet Fig. 3(b,c), the mean L2 norm of each LayerNorm's input.
+- The small-scale instability proxies of Wortsman et al. 2023 (arXiv 2309.14322): the largest
+  attention logit per attention sublayer (Sec. 3.1; computed by the model's attention,
+  model/transformer.py max_attention_logit), the mean and max of the output log Z (Sec. 3.2,
+  `log_z_stats`) and each sublayer's update relative to its weights (Sec. 3.4,
+  `LayerProbe.relative_updates`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
     value does not depend on the probe batch size (DeepNet does not state its normalisation).
     With `tokens` (B, T), the mean runs over the real (unpadded) target tokens only."""
     return token_mean((features - features_init).pow(2).sum(-1), tokens).sqrt()
+
+
+def log_z_stats(logits: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(mean, max) over the (real) positions of log Z = logsumexp_j y_j, the output logits'
+    normaliser (Wortsman et al. 2023, Sec. 3.2: output logit divergence). logits (B, T, V)."""
+    log_z = torch.logsumexp(logits.float(), dim=-1)
+    peak = log_z.amax() if tokens is None else log_z.masked_fill(~tokens, float("-inf")).amax()
+    return torch.stack([token_mean(log_z, tokens), peak])
 
 
 class LayerProbe:
@@ -47,6 +60,33 @@ class LayerProbe:
         # Bucket of each parameter: its sublayer, or len(keys) for embeddings and final LNs.
         owner = [sublayer_of.get(id(p), len(self.keys)) for p in self.params]
         self.owner = torch.tensor(owner, dtype=torch.long, device=self.params[0].device)
+        self.attentions = list(model.attentions())
+        self.previous: Optional[List[torch.Tensor]] = None  # theta_{i-1}, taken by `snapshot`
+
+    def _per_sublayer(self, tensors: List[torch.Tensor]) -> torch.Tensor:
+        """Squared norms of `tensors` (aligned with self.params) summed per sublayer bucket."""
+        sq = torch.stack(torch._foreach_norm(tensors)).float() ** 2
+        return torch.zeros(len(self.keys) + 1, device=sq.device).index_add_(0, self.owner, sq)
+
+    def snapshot(self) -> None:
+        """Keep theta before an optimiser step, for `relative_updates` after it."""
+        if self.previous is None:
+            self.previous = [p.detach().clone() for p in self.params]
+        else:
+            torch._foreach_copy_(self.previous, [p.detach() for p in self.params])
+
+    @torch.no_grad()
+    def relative_updates(self) -> torch.Tensor:
+        """Per sublayer, RMS(theta_i - theta_{i-1}) / RMS(theta_{i-1}) over its parameters
+        (= ||update|| / ||theta|| since both RMS run over the same elements; Wortsman et al.
+        2023 Sec. 3.4 track the update RMS per layer). NaN without a snapshot."""
+        n = len(self.keys)
+        if self.previous is None:
+            return torch.full((n,), float("nan"), device=self.owner.device)
+        params = [p.detach() for p in self.params]
+        moved = self._per_sublayer(torch._foreach_sub(params, self.previous))[:n]
+        before = self._per_sublayer(self.previous)[:n]
+        return (moved / before).sqrt()
 
     def grad_norms(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(total gradient norm of the model, gradient norm per sublayer), from one
@@ -56,14 +96,17 @@ class LayerProbe:
             nan = torch.full((), float("nan"), device=self.owner.device)
             return nan, torch.full((n,), float("nan"), device=self.owner.device)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        sq = torch.stack(torch._foreach_norm(grads)).float() ** 2
-        buckets = torch.zeros(n + 1, device=sq.device).index_add_(0, self.owner, sq)
+        buckets = self._per_sublayer(grads)
         return buckets.sum().sqrt(), buckets[:n].sqrt()
 
-    @torch.no_grad()
     def features_with_ln_norms(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """F(x, theta) in eval mode (no dropout), plus each sublayer's ln_input_norm on the
-        same pass (over the real tokens of its stack's input)."""
+        return self.probe_pass(src, tgt_in)[:2]
+
+    @torch.no_grad()
+    def probe_pass(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """F(x, theta) in eval mode (no dropout), plus, on the same pass, each sublayer's
+        ln_input_norm (over the real tokens of its stack's input) and its largest attention
+        logit (NaN for an FFN)."""
         residuals = self.residuals
         tokens = self.model.token_masks(src, tgt_in)
         # Eval mode only matters with dropout; toggling every module costs more than the
@@ -71,29 +114,45 @@ class LayerProbe:
         toggle = self.model.training and getattr(self.model.config, "dropout", 0) > 0
         if toggle:
             self.model.eval()
-        for res, stack in zip(residuals, self.stacks):
+        for res, stack, attn in zip(residuals, self.stacks, self.attentions):
             res.record_ln_input = True
             res.ln_input_mask = tokens.get(stack)
+            if attn is not None:
+                attn.record_max_logit = True
         try:
             feats = self.model.features(src, tgt_in)
-            # NaN (an empty cell) where a placement has no norm on the stream (ReZero, Fixup, T-Fixup).
+            # NaN (an empty cell) where a placement has no norm on the stream (ReZero, Fixup,
+            # T-Fixup), and for the max attention logit of an FFN.
             nan = feats.new_full((), float("nan"))
             ln_norms = (torch.stack([res.ln_input_norm if res.ln_input_norm is not None else nan
                                      for res in residuals]) if residuals else feats.new_zeros(0))
+            max_logits = (torch.stack([attn.max_logit if attn is not None else nan for attn in self.attentions])
+                          if residuals else feats.new_zeros(0))
         finally:
-            for res in residuals:
+            for res, attn in zip(residuals, self.attentions):
                 res.record_ln_input = False
                 res.ln_input_norm = res.ln_input_mask = None
+                if attn is not None:
+                    attn.record_max_logit = False
+                    attn.max_logit = None
             if toggle:
                 self.model.train()
-        return feats, ln_norms
+        return feats, ln_norms, max_logits
 
 
-def rows_for_layers(step: int, keys, grad_norms: List[float], ln_norms: List[float]) -> List[Dict]:
-    """Tidy rows of layers.csv: one per (step, stack, layer, sublayer). A sublayer without a
-    norm on its stream gets an empty ln_input_norm cell."""
+def rows_for_layers(step: int, keys, grad_norms: List[float], ln_norms: List[float],
+                    max_logits: Optional[List[float]] = None, updates: Optional[List[float]] = None) -> List[Dict]:
+    """Tidy rows of layers.csv: one per (step, stack, layer, sublayer). A value that does not
+    exist (no norm on the stream, an FFN's attention logit, the update at step 0) is an empty cell."""
+    n = len(keys)
+    max_logits = max_logits if max_logits is not None else [None] * n
+    updates = updates if updates is not None else [None] * n
     return [
         {"step": step, "stack": stack, "layer": layer, "sublayer": name,
-         "grad_norm": g, "ln_input_norm": n if n == n else None}
-        for (stack, layer, name), g, n in zip(keys, grad_norms, ln_norms)
+         "grad_norm": g, "ln_input_norm": _cell(ln), "max_attn_logit": _cell(z), "relative_update": _cell(u)}
+        for (stack, layer, name), g, ln, z, u in zip(keys, grad_norms, ln_norms, max_logits, updates)
     ]
+
+
+def _cell(value: Optional[float]) -> Optional[float]:
+    return value if value is not None and value == value else None

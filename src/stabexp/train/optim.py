@@ -2,18 +2,21 @@
 
 - adam: Adam with coupled L2 decay (PyTorch's Adam weight_decay adds lambda*w to the gradient);
 - adamw: decoupled decay, w <- (1 - lr*lambda) w (Loshchilov & Hutter 2019);
+- adamw_independent: decay independent of the peak lr, w <- (1 - lambda * lr_t / lr_max) w
+  (Wortsman et al. 2023, Sec. 3.2.2: theta <- theta - eta_t u - lambda (eta_t / eta_max) theta),
+  which is PyTorch's AdamW with weight_decay lambda / lr_max;
 - sgd: plain SGD, coupled decay; sgdm: SGD with momentum mu (PyTorch's form, no dampening).
 The equilibrium each one predicts for scale-invariant weights: stabexp/theory.py.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn as nn
 
-OPTIMISERS = ("adam", "adamw", "sgd", "sgdm")
+OPTIMISERS = ("adam", "adamw", "adamw_independent", "sgd", "sgdm")
 DECAY_ON = ("matrices", "all")
 
 
@@ -28,17 +31,26 @@ def param_groups(model: nn.Module, weight_decay: float, decay_on: str) -> List[D
                         {"params": rest, "weight_decay": 0.0}) if g["params"]]
 
 
+def torch_form(name: str, weight_decay: float, lr: float) -> Tuple[str, float]:
+    """The PyTorch optimiser and weight_decay that run `name` with decay `weight_decay` at
+    peak lr `lr` (what theory.py's formulas take)."""
+    if name == "adamw_independent":
+        return "adamw", weight_decay / lr
+    return name, weight_decay
+
+
 def build_optimizer(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
     o, lr = cfg.optim, cfg.train.lr
-    groups = param_groups(model, o.weight_decay, o.decay_on)
+    name, weight_decay = torch_form(o.name, o.weight_decay, lr)
+    groups = param_groups(model, weight_decay, o.decay_on)
     # One kernel for all tensors: PyTorch's default on the CPU loops over parameters in Python,
     # which dominates the step of a 100-layer tiny model.
     fast = {"fused": True} if device.type in ("cpu", "cuda") else {}
-    if o.name == "adam":
+    if name == "adam":
         return torch.optim.Adam(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **fast)
-    if o.name == "adamw":
+    if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **fast)
-    if o.name in ("sgd", "sgdm"):
-        return torch.optim.SGD(groups, lr=lr, momentum=o.momentum if o.name == "sgdm" else 0.0,
+    if name in ("sgd", "sgdm"):
+        return torch.optim.SGD(groups, lr=lr, momentum=o.momentum if name == "sgdm" else 0.0,
                                foreach=True)
     raise ValueError(f"optim.name={o.name}: one of {', '.join(OPTIMISERS)}")

@@ -17,8 +17,11 @@ it from its checkpoint; a finished run is left as is unless overwrite=true.
 The trainer asks the task (data/) for batches, the loss and the eval columns, and the model for
 its outputs and residual sublayers; it knows neither's insides.
 
-Row at step i: `loss`, `grad_norm` and `lr` belong to optimiser step i (computed on theta_{i-1});
-`model_update`, `ln_input_norm` and the eval columns are measured on theta_i, after the step.
+Row at step i: `loss` (the training loss, z-loss included), `grad_norm` and `lr` belong to
+optimiser step i (computed on theta_{i-1}); `model_update`, `ln_input_norm`, the output log Z
+(`log_z_mean`, `log_z_max`), the largest attention logit (`max_attn_logit`, layers rows) and the
+eval columns are measured on theta_i, after the step; `relative_update` (layers rows) is step
+i's update of each sublayer relative to its weights before it (probes/__init__.py).
 With probe.weights a row per weight matrix and probe step holds its norm ||w_i||, the angular
 update of step i (theta_{i-1} to theta_i, whole matrix and mean over rows), the effective lr
 lr_i / ||w_i||^2 and whether the weight is scale-invariant in this model (probes/weights.py).
@@ -44,12 +47,13 @@ from stabexp import theory
 from stabexp.config import ConfigError, validate
 from stabexp.data import Task, make_task
 from stabexp.model import build_model, initialise
-from stabexp.probes import LayerProbe, model_update, rows_for_layers
+from stabexp.probes import LayerProbe, log_z_stats, model_update, rows_for_layers
 from stabexp.probes.at_init import grad_at_init, mean_of, output_change
 from stabexp.probes.weights import WeightProbe, scale_invariance
 from stabexp.train import checkpoint
 from stabexp.train.files import SUMMARY, CsvLog, RunLock, read_summary, write_json
-from stabexp.train.optim import build_optimizer
+from stabexp.train.losses import z_loss
+from stabexp.train.optim import build_optimizer, torch_form
 from stabexp.train.schedule import lr_factor
 from stabexp.train.stop import RunStopped, StopRequests
 
@@ -58,13 +62,14 @@ log = logging.getLogger("stabexp")
 
 def metrics_columns(eval_columns) -> list:
     """metrics.csv's header: the step's own columns, then the task's eval columns."""
-    return ["step", "lr", "loss", "grad_norm", "model_update", "output_change", *eval_columns, "elapsed_s"]
+    return ["step", "lr", "loss", "grad_norm", "model_update", "output_change", "log_z_mean", "log_z_max",
+            *eval_columns, "elapsed_s"]
 
 
 METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (translation adds eval_ppl, valid_bleu)
 # A row is a residual sublayer (param empty) or, with probe.weights, one weight matrix (param set).
 LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm",
-                  "input_change", "w2_grad_norm", "weight_norm", "angular_update",
+                  "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "weight_norm", "angular_update",
                   "row_angular_update", "effective_lr", "scale_invariant", "elements"]
 FINISHED = ("completed", "diverged")
 # Columns and summary fields that hold wall-clock time: the only ones a resumed run may write
@@ -90,7 +95,7 @@ def reads_loss_every_step(device: torch.device) -> bool:
 
 def group_name(cfg: DictConfig) -> str:
     """A group is a residual placement of the Transformer; NormMLP has none: it goes by its name."""
-    return cfg.group.name if cfg.model.arch == "transformer" else cfg.model.arch
+    return cfg.model.arch if cfg.model.arch == "normmlp" else cfg.group.name
 
 
 def _finished(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
@@ -131,8 +136,10 @@ def train(cfg: DictConfig, out_dir) -> Dict:
         if state is None:
             (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             summary = {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
-                       "group": group_name(cfg), "depth": cfg.depth,
-                       "decoder_depth": cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth,
+                       "group": group_name(cfg), "arch": cfg.model.arch, "depth": cfg.depth,
+                       # A single-stack model has `depth` layers and no second stack.
+                       "decoder_depth": (cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth)
+                       if cfg.model.arch == "transformer" else None,
                        "seed": cfg.seed, "model": cfg.model.name, "d_model": cfg.model.d_model,
                        "task": cfg.task.name,
                        "steps": cfg.train.steps, "out_dir": str(out_dir)}
@@ -193,6 +200,7 @@ class Run:
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16")
 
         self.opt = build_optimizer(cfg, model, device)
+        self.optim_name = torch_form(cfg.optim.name, cfg.optim.weight_decay, t.lr)[0]
         schedule = cfg.group.schedule if t.schedule == "group" else t.schedule
         init_factor = None if t.warmup_init_lr is None else t.warmup_init_lr / t.lr
         self.sched = torch.optim.lr_scheduler.LambdaLR(
@@ -247,14 +255,15 @@ class Run:
         summary["optim"] = {"name": o.name, "lr": t.lr, "weight_decay": o.weight_decay,
                             "momentum": o.momentum, "beta1": o.betas[0], "decay_on": o.decay_on}
         if o.weight_decay > 0:
-            summary["theory"] = theory.equilibrium(o.name, t.lr, o.weight_decay, o.momentum, o.betas[0])
+            summary["theory"] = theory.equilibrium(*torch_form(o.name, o.weight_decay, t.lr), o.momentum, o.betas[0])
 
     def _equilibrium_norms(self, summary: Dict) -> None:
         if "theory" not in summary:
             return
         o, t = self.cfg.optim, self.train_cfg
         # Defined by the hyper-parameters alone only for AdamW (SGD's needs the gradients).
-        norms = {".".join(map(str, key)): theory.equilibrium_norm(o.name, t.lr, o.weight_decay, o.momentum,
+        name, weight_decay = torch_form(o.name, o.weight_decay, t.lr)
+        norms = {".".join(map(str, key)): theory.equilibrium_norm(name, t.lr, weight_decay, o.momentum,
                                                                   elements=w.numel())
                  for key, w in zip(self.weights.keys, self.weights.weights)}
         summary["theory"]["equilibrium_norm"] = norms if any(norms.values()) else None
@@ -343,7 +352,10 @@ class Run:
         t, model, result = self.train_cfg, self.model, self.result
         src, tgt_in, tgt_out = self.task.train_batch()
         with self.autocast:
-            loss = self.task.loss(self.train_model(src, tgt_in), tgt_out)
+            logits = self.train_model(src, tgt_in)
+            loss = self.task.loss(logits, tgt_out)
+            if t.z_loss > 0:
+                loss = loss + t.z_loss * z_loss(logits, self.task.predicted(tgt_out))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         lr = self.sched.get_last_lr()[0]
@@ -354,6 +366,8 @@ class Run:
         grads = self.probe.grad_norms() if probing else None
         if t.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+        if probing:
+            self.probe.snapshot()
         if probing and self.weights is not None:
             self.weights.snapshot()
         self.opt.step()
@@ -396,14 +410,20 @@ class Run:
         `weights_moved`: the weight probe holds the weights from before this step."""
         row = {"step": step, "lr": lr, "loss": loss}
         if self.probe is not None:
-            feats, ln_norms = self.probe.features_with_ln_norms(self.probe_src, self.probe_tgt_in)
+            feats, ln_norms, max_logits = self.probe.probe_pass(self.probe_src, self.probe_tgt_in)
             update = model_update(feats, self.features_init, self.probe_tokens)
+            with torch.no_grad():
+                log_z = log_z_stats(self.model.logits(feats), self.probe_tokens)
             total, per_sublayer = grads if grads is not None else self.probe.grad_norms()
+            relative = (self.probe.relative_updates() if weights_moved
+                        else torch.full_like(per_sublayer, float("nan")))
             n = per_sublayer.numel()
-            values = torch.cat([torch.stack([total.float(), update.float()]),
-                                per_sublayer.float(), ln_norms.float()]).tolist()  # one host sync
-            row.update(grad_norm=values[0], model_update=values[1])
-            rows = rows_for_layers(step, self.probe.keys, values[2:2 + n], values[2 + n:])
+            values = torch.cat([torch.stack([total.float(), update.float()]), log_z.float(),
+                                per_sublayer.float(), ln_norms.float(), max_logits.float(),
+                                relative.float()]).tolist()  # one host sync
+            row.update(grad_norm=values[0], model_update=values[1], log_z_mean=values[2], log_z_max=values[3])
+            per = [values[4 + k * n: 4 + (k + 1) * n] for k in range(4)]
+            rows = rows_for_layers(step, self.probe.keys, *per)
             if at_init is not None:
                 row.update(grad_norm=at_init["grad_norm"], output_change=at_init["output_change"])
                 for r, g, c, w2 in zip(rows, at_init["sublayer_grad_norm"], at_init["input_change"],
@@ -431,7 +451,7 @@ class Run:
         return [{"step": step, "stack": stack, "layer": layer, "sublayer": sublayer, "param": param,
                  "grad_norm": g if moved else nan, "weight_norm": n,
                  "angular_update": a if moved else nan, "row_angular_update": r if moved else nan,
-                 "effective_lr": theory.effective_lr(self.cfg.optim.name, lr, n), "scale_invariant": inv,
+                 "effective_lr": theory.effective_lr(self.optim_name, lr, n), "scale_invariant": inv,
                  "elements": w.numel()}
                 for (stack, layer, sublayer, param), w, n, a, r, g, inv
                 in zip(self.weights.keys, self.weights.weights, norms, angles, row_angles, grads,
