@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 # The presets of conf/experiment, cheapest first; `make reproduce SCALE=quick` for a quick pass.
 # The Multi30k presets (admin_clinic, *_paper, multi30k_table) download it into $STABEXP_DATA on first use.
 PRESETS := admin_output_change grad_at_init admin_clinic deepnet_early deepnet_depth depth_table smd \
-           deepnet_depth_paper deepnet_early_paper multi30k_table
+           deepnet_depth_paper deepnet_early_paper multi30k_table lm_depth lr_sensitivity
 SCALE   ?= default
 
 .PHONY: install run reproduce docs-figures test plots bench

@@ -22,7 +22,7 @@ FIGURES = sorted(p.stem[len("fig_"):] for p in (ROOT / "scripts").glob("fig_*.py
 # Fewer steps than scale=quick itself, to keep the suite fast; the at-init presets train 0 steps.
 SHORT = ["train.steps=12", "probe.first_steps=4", "probe.every=4", "train.eval_every=6"]
 TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd", "multi30k_table", "deepnet_early_paper",
-          "deepnet_depth_paper"}
+          "deepnet_depth_paper", "lm_depth", "lr_sensitivity"}
 # Presets on Multi30k: the toy corpus stands in for it.
 ON_MULTI30K = {"multi30k_table", "admin_clinic", "deepnet_early_paper", "deepnet_depth_paper"}
 
@@ -105,6 +105,9 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     assert counts["multi30k_table"] == 6 * 3
     assert counts["admin_clinic"] == 3 * 5 and counts["deepnet_early_paper"] == 3
     assert counts["deepnet_depth_paper"] == 2 * 3 and counts["grad_at_init"] == 3 * 3 * 8
+    assert counts["lm_depth"] == 4 * 2 and counts["lr_sensitivity"] == 2 * 2 * 2
+    lm = runs[runs.experiment.isin(["lm_depth", "lr_sensitivity"])]
+    assert lm.task.eq("lm").all() and lm.decoder_depth.isna().all()
     paper_recipe = runs[runs.experiment.str.endswith("_paper")]
     assert paper_recipe.test_bleu.isna().all() and paper_recipe.task.eq("multi30k").all()
     first = metrics[metrics.experiment.str.endswith("_paper") & (metrics.step == 1)]
@@ -134,6 +137,15 @@ def test_every_figure_is_built_and_byte_reproducible(quick_outputs):
                    capture_output=True)
     for key, data in first.items():
         assert (figures / key).read_bytes() == data, key
+
+
+def test_report_gives_the_lr_sensitivity_of_each_setting(quick_outputs):
+    sweep = quick_outputs.outputs / "multirun" / "experiment=lr_sensitivity__scale=quick"
+    result = _cli(quick_outputs.outputs, "report", str(sweep))
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| model.qk_norm=")]
+    assert len(rows) == 4 and "| lr 0.001 | lr 0.1 | LR sensitivity |" in result.stdout
+    assert all(float(row.rstrip(" |").rsplit("|", 1)[1]) >= 0 for row in rows)
 
 
 def test_report_prints_the_fits(quick_outputs):

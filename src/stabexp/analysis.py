@@ -266,7 +266,7 @@ def clinic_ratio(curves: pd.DataFrame, top: str = "postln", bottom: str = "preln
 
 
 def lr_sensitivity(final_losses, loss_0: float) -> float:
-    """LR sensitivity (Wortsman et al. 2023, arXiv 2309.14322, Sec. 3.1):
+    """LR sensitivity (Wortsman et al. 2023, arXiv 2309.14322, Sec. 2.2):
     E_eta[min(loss(eta), loss_0) - loss*] over the grid of learning rates eta (a log grid, so
     the plain mean over its points), loss_0 the loss at init and loss* the best final loss over
     the grid. A diverged run (NaN or inf) counts as loss_0. NaN when no run has a finite loss."""

@@ -316,6 +316,9 @@ def validate(cfg: DictConfig) -> None:
     for key in ("seq_len", "eval_batch_size", "probe_batch_size", "classes", "in_dim"):
         _need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
     _need(0.0 <= t.label_noise <= 1.0, "task.label_noise", t.label_noise, "must be in [0, 1]")
+    _need(0.0 < t.mask_prob < 1.0, "task.mask_prob", t.mask_prob, "must be in (0, 1)")
+    if t.kind == "lm":
+        _need(t.subword in (*SUBWORDS, "char"), "task.subword", t.subword, f"one of {', '.join(SUBWORDS)}, char")
     if t.kind == "translation":
         from stabexp.data.download import CORPORA
 

@@ -112,15 +112,15 @@ def _qk_norms(c: "TransformerConfig") -> Tuple[Optional[nn.Module], Optional[nn.
 def max_attention_logit(q: torch.Tensor, k: torch.Tensor, causal: bool,
                         key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The largest attention logit q_i.k_j / sqrt(d_h) over batch, heads and the (query, key)
-    pairs the attention may use (Wortsman et al. 2023, Sec. 3.1: attention logit growth).
+    pairs the attention may use (Wortsman et al. 2023, Sec. 3.1.1: attention logit growth).
     q: (B, h, T, d_h), k: (B, h, S, d_h); key_mask (B, 1, 1, S) True where a key is real."""
     logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    allowed = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device)
+    hidden = None  # True where the attention may not look
     if causal:
-        allowed = allowed.tril()
+        hidden = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device).triu_(1)
     if key_mask is not None:
-        allowed = allowed & key_mask
-    return logits.masked_fill(~allowed, float("-inf")).amax()
+        hidden = ~key_mask if hidden is None else hidden | ~key_mask
+    return (logits if hidden is None else logits.masked_fill(hidden, float("-inf"))).amax()
 
 
 class _Attention(nn.Module):
@@ -129,14 +129,14 @@ class _Attention(nn.Module):
 
     def _setup(self, n_heads: int, dropout: float, qk_norm):
         self.n_heads, self.dropout = n_heads, dropout
-        q_norm, k_norm = qk_norm if qk_norm is not None else (None, None)
-        self.q_norm = q_norm if q_norm is not None else nn.Identity()
-        self.k_norm = k_norm if k_norm is not None else nn.Identity()
+        # None rather than identities: a module call per attention costs a deep tiny model time.
+        self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
         self.record_max_logit = False
         self.max_logit: Optional[torch.Tensor] = None
 
     def _attend(self, q, k, v, mask, causal: bool) -> torch.Tensor:
-        q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.record_max_logit:
             self.max_logit = max_attention_logit(q.detach(), k.detach(), causal, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,

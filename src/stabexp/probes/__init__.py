@@ -4,10 +4,10 @@
 - per-sublayer gradient norms: DeepNet Fig. 3(d) / Fig. 2.
 - ln_input_norm: DeepNet Fig. 3(b,c), the mean L2 norm of each LayerNorm's input.
 - The small-scale instability proxies of Wortsman et al. 2023 (arXiv 2309.14322): the largest
-  attention logit per attention sublayer (Sec. 3.1; computed by the model's attention,
-  model/transformer.py max_attention_logit), the mean and max of the output log Z (Sec. 3.2,
-  `log_z_stats`) and each sublayer's update relative to its weights (Sec. 3.4,
-  `LayerProbe.relative_updates`).
+  attention logit per attention sublayer (Sec. 3.1.1; computed by the model's attention,
+  model/transformer.py max_attention_logit), the mean and max of the output log Z (Sec. 3.1.2,
+  `log_z_stats`) and each sublayer's update RMS relative to its weights' RMS
+  (`LayerProbe.relative_updates`; the paper follows the update RMS per layer).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
 
 def log_z_stats(logits: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(mean, max) over the (real) positions of log Z = logsumexp_j y_j, the output logits'
-    normaliser (Wortsman et al. 2023, Sec. 3.2: output logit divergence). logits (B, T, V)."""
+    normaliser (Wortsman et al. 2023, Sec. 3.1.2: output logit divergence). logits (B, T, V)."""
     log_z = torch.logsumexp(logits.float(), dim=-1)
     peak = log_z.amax() if tokens is None else log_z.masked_fill(~tokens, float("-inf")).amax()
     return torch.stack([token_mean(log_z, tokens), peak])
@@ -77,16 +77,21 @@ class LayerProbe:
 
     @torch.no_grad()
     def relative_updates(self) -> torch.Tensor:
-        """Per sublayer, RMS(theta_i - theta_{i-1}) / RMS(theta_{i-1}) over its parameters
-        (= ||update|| / ||theta|| since both RMS run over the same elements; Wortsman et al.
-        2023 Sec. 3.4 track the update RMS per layer). NaN without a snapshot."""
+        """Per sublayer, RMS(theta_i - theta_{i-1}) / RMS(theta_i) over its parameters
+        (= ||update|| / ||theta_i||, both RMS running over the same elements; Wortsman et al.
+        2023 follow the update RMS per layer). NaN without a snapshot; uses it up.
+        The snapshot is turned into the update in place and both norms come from one
+        _foreach_norm: on a CPU the per-tensor calls, not the arithmetic, are the cost."""
         n = len(self.keys)
         if self.previous is None:
             return torch.full((n,), float("nan"), device=self.owner.device)
         params = [p.detach() for p in self.params]
-        moved = self._per_sublayer(torch._foreach_sub(params, self.previous))[:n]
-        before = self._per_sublayer(self.previous)[:n]
-        return (moved / before).sqrt()
+        torch._foreach_sub_(self.previous, params)  # theta_{i-1} - theta_i: the update, negated
+        sq = torch.stack(torch._foreach_norm(self.previous + params)).float() ** 2
+        m = len(params)
+        moved = torch.zeros(n + 1, device=sq.device).index_add_(0, self.owner, sq[:m])[:n]
+        weights = torch.zeros(n + 1, device=sq.device).index_add_(0, self.owner, sq[m:])[:n]
+        return (moved / weights).sqrt()
 
     def grad_norms(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(total gradient norm of the model, gradient norm per sublayer), from one

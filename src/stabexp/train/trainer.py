@@ -21,7 +21,7 @@ Row at step i: `loss` (the training loss, z-loss included), `grad_norm` and `lr`
 optimiser step i (computed on theta_{i-1}); `model_update`, `ln_input_norm`, the output log Z
 (`log_z_mean`, `log_z_max`), the largest attention logit (`max_attn_logit`, layers rows) and the
 eval columns are measured on theta_i, after the step; `relative_update` (layers rows) is step
-i's update of each sublayer relative to its weights before it (probes/__init__.py).
+i's update of each sublayer relative to its weights after it (probes/__init__.py).
 With probe.weights a row per weight matrix and probe step holds its norm ||w_i||, the angular
 update of step i (theta_{i-1} to theta_i, whole matrix and mean over rows), the effective lr
 lr_i / ||w_i||^2 and whether the weight is scale-invariant in this model (probes/weights.py).
