@@ -1,6 +1,7 @@
 """Decoder-only language models at 6, 18 and 100 layers (DeepNet's decoder-only constants for
 DeepNorm): validation loss against the step, a panel per depth, a line per group; a diverged
-run ends where it diverged. Preset: lm_depth."""
+run ends where it diverged. Reference lines: the chance loss and the unigram model's loss (the
+training stream's token frequencies). Preset: lm_depth."""
 
 import sys
 
@@ -27,6 +28,9 @@ def draw(tables):
         chance = runs.chance_loss.dropna()
         if len(chance):
             ax.axhline(chance.iloc[0], color="grey", ls=":", lw=1, label="chance (uniform)")
+        unigram = runs.unigram_eval_loss.dropna() if "unigram_eval_loss" in runs else []
+        if len(unigram):
+            ax.axhline(unigram.iloc[0], color="grey", ls="--", lw=1, label="unigram (token frequencies)")
         ax.set_title(f"decoder-only, {depth} layers")
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (nats / token)")

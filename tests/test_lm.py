@@ -54,6 +54,14 @@ def test_characters_option_and_folder_of_text(make_cfg, tmp_path):
     assert isinstance(task.tokenizer, Characters)
     assert task.vocab_size == 4 + len(set("abc d"))  # specials, then the training characters
     assert task.tokenizer.encode(["x"]) == [[3]]     # unseen in training: UNK
+    # The unigram reference: the training stream holds a 8, b 12, c 8, d 8, space 4 and EOS 8
+    # times (of 48); the eval targets are a, b, x (UNK, unseen: half a count) and EOS.
+    ids = task.tokenizer.ids
+    p = {ids["a"]: 8 / 48, ids["b"]: 12 / 48, 3: 0.5 / 48, 2: 8 / 48}
+    targets = task.eval_batch()[2].flatten().tolist()
+    expected = sum(-math.log(p[t]) for t in targets) / len(targets)
+    assert task.unigram_loss() == pytest.approx(expected)
+    assert task.info()["data"]["unigram_eval_loss"] == pytest.approx(expected)
 
 
 def test_a_missing_split_file_is_one_clear_error(make_cfg, tmp_path):

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from stabexp.analysis import lr_sensitivity, lr_sensitivity_table
 from stabexp.model import build_model

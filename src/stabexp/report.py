@@ -20,6 +20,7 @@ from stabexp.analysis import (
     clinic_ratio,
     encoder_input_change,
     lr_sensitivity_table,
+    lr_setting,
     last_w2_grad,
     output_change_fits,
     output_change_table,
@@ -146,7 +147,7 @@ def sweep_table(sweep_dir: Path) -> str:
     change = output_change_table(tables["metrics"], tables["layers"]) if at_init else None
     depths = sorted(runs.depth.unique())
     groups = ordered_groups(runs.group)
-    if runs.lr.nunique() > 1:
+    if is_lr_sweep(runs):
         return f"{sweep_dir}\n\n" + "\n".join(lr_section(tables))
     single = runs.decoder_depth.isna().all()  # decoder-only / encoder-only: one stack of `depth` layers
     lines = ["| group | " + " | ".join(f"{d}L" if single else f"{d}L-{d}L" for d in depths) + " |",
@@ -165,8 +166,17 @@ def sweep_table(sweep_dir: Path) -> str:
                 f"validation loss, after {int(runs.steps_done.max())} updates. Chance loss {chance.iloc[0]:.3f}.")
     else:
         note = f"Cells: final eval loss (token accuracy). Chance loss {chance.iloc[0]:.3f}." if len(chance) else ""
+        unigram = runs.unigram_eval_loss.dropna()
+        if len(unigram):  # task=lm: the loss of the training stream's token frequencies
+            note += f" Unigram loss {unigram.iloc[0]:.3f}."
     text = f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")
     return text + "\n".join(["", *fits_section(tables)])
+
+
+def is_lr_sweep(runs: pd.DataFrame) -> bool:
+    """A sweep over the learning rate: some setting (the runs' overrides but train.lr) ran at
+    two learning rates or more."""
+    return bool(runs.assign(setting=runs.run.map(lr_setting)).groupby("setting").lr.nunique().max() >= 2)
 
 
 def lr_section(tables) -> List[str]:

@@ -202,6 +202,16 @@ class LanguageModelTask(SeededStreams):
         s = self._scores(model, self._batch(self._windows("test", self.eval_batch_size), gen))
         return {"test_loss": s["loss"], "test_ppl": s["ppl"], "test_acc": s["acc"]}
 
+    def unigram_loss(self) -> float:
+        """The validation loss of the unigram model of the training stream (each token's
+        frequency, whatever the context): the plateau of a model that has learnt only how often
+        tokens occur, a second reference line besides the chance loss."""
+        counts = torch.bincount(self.streams["train"], minlength=self.vocab_size).double()
+        log_p = (counts.clamp(min=0.5) / counts.sum()).log()  # an unseen token: half a count
+        targets = self.eval_batch()[2].cpu().flatten()
+        targets = targets[targets != IGNORE]
+        return float(-log_p[targets].mean())
+
     def info(self) -> Dict:
         t = self.cfg
         return {"data": {"text": self.source, "tokens": {role: len(ids) for role, ids in self.streams.items()},
@@ -209,4 +219,5 @@ class LanguageModelTask(SeededStreams):
                          "tokenizer": str(self.tokenizer.path) if self.tokenizer.path else None,
                          "seq_len": self.seq_len,
                          "objective": f"masked LM (p={self.mask_prob})" if self.masked else "next token",
-                         "eval_windows": int(self.eval_batch()[1].shape[0])}}
+                         "eval_windows": int(self.eval_batch()[1].shape[0]),
+                         "unigram_eval_loss": self.unigram_loss()}}

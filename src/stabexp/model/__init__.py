@@ -1,5 +1,5 @@
-"""The encoder-decoder Transformer (transformer.py) and its named init rules (init.py); the
-normalised network of the SMD study (normmlp.py)."""
+"""The encoder-decoder Transformer (transformer.py), the decoder-only and encoder-only models
+(lm.py), their named init rules (init.py); the normalised network of the SMD study (normmlp.py)."""
 
 from __future__ import annotations
 

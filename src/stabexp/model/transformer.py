@@ -1,4 +1,5 @@
-"""Encoder-decoder Transformer with every residual placement of the stability studies.
+"""Encoder-decoder Transformer with every residual placement of the stability studies (the
+single-stack models of model/lm.py reuse its layers).
 
 Read top-down: the norms, the branches (attention, FFN) with their optional slots, the residual
 placements (one small class each, its formula and citation in its forward), PLACEMENTS (which
@@ -39,7 +40,7 @@ class TransformerConfig:
     dropout: float = 0.0       # on attention weights, branch outputs and embeddings
     max_len: int = 512         # positions covered by the sinusoidal table
     pad_id: Optional[int] = None  # padding token of variable-length batches; None: no masks
-    qk_norm: bool = False      # a norm on each head's q and k before the dot product (Sec. 11)
+    qk_norm: bool = False      # a norm on each head's q and k before q.k (Dehghani et al. 2023)
 
 
 def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
@@ -141,6 +142,7 @@ class _Attention(nn.Module):
             self.max_logit = max_attention_logit(q.detach(), k.detach(), causal, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               dropout_p=self.dropout if self.training else 0.0)
+
 
 class SelfAttention(_Attention):
     """Multi-head self-attention with one fused QKV matrix. Init rules address W_Q, W_K, W_V

@@ -46,7 +46,9 @@ def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
                      "final_eval_acc": summary.get("final_eval_acc"),
                      "chance_loss": summary.get("chance_loss"), "task": summary.get("task"),
                      "final_eval_ppl": summary.get("final_eval_ppl"), "valid_bleu": summary.get("valid_bleu"),
-                     "test_bleu": summary.get("test_bleu"), "bleu_signature": summary.get("bleu_signature")})
+                     "test_bleu": summary.get("test_bleu"), "bleu_signature": summary.get("bleu_signature"),
+                     "arch": summary.get("arch"), "test_loss": summary.get("test_loss"),
+                     "unigram_eval_loss": (summary.get("data") or {}).get("unigram_eval_loss")})
         for name, sink in (("metrics.csv", metrics), ("layers.csv", layers)):
             path = folder / name
             if path.exists() and path.stat().st_size > 0:
