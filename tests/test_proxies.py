@@ -9,7 +9,7 @@ import torch
 
 from stabexp.analysis import lr_sensitivity, lr_sensitivity_table
 from stabexp.model import build_model
-from stabexp.model.transformer import SelfAttention, make_norm, max_attention_logit
+from stabexp.model.transformer import ProbeRecorder, SelfAttention, make_norm, max_attention_logit
 from stabexp.probes import LayerProbe, log_z_stats
 from stabexp.train.losses import z_loss
 from stabexp.train.optim import build_optimizer
@@ -62,10 +62,14 @@ def test_attention_records_its_largest_logit_with_and_without_qk_norm(qk_norm):
     norms = (make_norm("layernorm", d // heads), make_norm("layernorm", d // heads)) if qk_norm else None
     attn = SelfAttention(d, heads, causal=True, dropout=0.0, qk_norm=norms)
     x = torch.randn(3, 5, d) * 4
-    attn.record_max_logit = True
-    out = attn(x)
+    attn.recorder, attn.probe_index = ProbeRecorder(2), 1
+    fused = attn(x)
+    attn.recorder.active = True
+    out = attn(x)  # the probe pass: attention by hand
+    max_logit = attn.recorder.max_attn_logit[1]
     q, k = _hand_qk(attn, x, qk_norm)
-    assert attn.max_logit.item() == pytest.approx(_loops_max_logit(q, k, True), rel=1e-4)
+    assert max_logit.item() == pytest.approx(_loops_max_logit(q, k, True), rel=1e-4)
+    assert torch.allclose(out, fused, atol=1e-5)
     # The output is attention over those (normalised) q and k.
     logits = (q @ k.transpose(-1, -2) / math.sqrt(d // heads)).masked_fill(
         torch.ones(5, 5, dtype=torch.bool).triu(1), -math.inf)
@@ -73,7 +77,7 @@ def test_attention_records_its_largest_logit_with_and_without_qk_norm(qk_norm):
     y = (logits.softmax(-1) @ v).transpose(1, 2).reshape(3, 5, d)
     assert torch.allclose(out, attn.out(y), atol=1e-5)
     if qk_norm:  # |LN(q).LN(k)| <= d_h, so the logit is at most sqrt(d_h) while the gains are 1
-        assert attn.max_logit.item() <= math.sqrt(d // heads) + 1e-4
+        assert max_logit.item() <= math.sqrt(d // heads) + 1e-4
 
 
 def test_log_z_stats_by_hand_over_real_tokens():
@@ -97,7 +101,8 @@ def test_relative_update_per_sublayer_by_hand(make_cfg):
     res = [r for *_, r in model.residuals()][target]
     with torch.no_grad():
         res.branch.out.weight.add_(0.5)
-    after = torch.sqrt(sum((p.detach() ** 2).sum() for p in res.parameters()))
+        res.branch.out.bias.add_(1.0)  # not a matrix: not part of the relative update
+    after = torch.sqrt(sum((w.detach() ** 2).sum() for w in res.branch.matrices().values()))
     moved = 0.5 * math.sqrt(res.branch.out.weight.numel())
     ratios = probe.relative_updates()
     assert ratios[target].item() == pytest.approx(moved / after.item(), rel=1e-5)
@@ -164,3 +169,14 @@ def test_lr_sensitivity_table_groups_runs_by_what_is_not_the_lr():
     by_setting = table.groupby("setting").lr_sensitivity.first()
     assert by_setting["model.qk_norm=True"] == pytest.approx(0.5)
     assert by_setting["model.qk_norm=False"] == pytest.approx(1.5)  # diverged: loss_0 = 5
+
+
+def test_adamw_independent_equilibrium_uses_the_decay_per_unit_lr(make_cfg, tmp_path):
+    """Independent decay lambda is PyTorch's AdamW decay lambda / lr_max, so the equilibrium
+    angular update sqrt(2 lr (lambda / lr) (1 - b1) / (1 + b1)) does not depend on the lr."""
+    from stabexp.train.trainer import train
+
+    summary = train(make_cfg("optim=adamw_independent", "optim.weight_decay=0.01", "train.lr=0.02",
+                             "train.steps=1"), tmp_path)
+    assert summary["optim"]["name"] == "adamw_independent"
+    assert summary["theory"]["angular_update"] == pytest.approx(math.sqrt(2 * 0.01 * 0.1 / 1.9))

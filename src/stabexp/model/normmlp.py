@@ -41,8 +41,11 @@ class NormMLP(nn.Module):
             x = F.relu(F.layer_norm(layer(x), (layer.out_features,)))
         return x
 
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.head(features)
+
     def forward(self, x: torch.Tensor, _unused: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.head(self.features(x))
+        return self.logits(self.features(x))
 
     def residuals(self) -> Iterator:
         return iter(())  # no residual sublayers: the per-sublayer probes have nothing to report

@@ -110,36 +110,61 @@ def _qk_norms(c: "TransformerConfig") -> Tuple[Optional[nn.Module], Optional[nn.
     return make_norm(c.norm, d_head), make_norm(c.norm, d_head)
 
 
+class ProbeRecorder:
+    """Where one probe pass leaves what the residual sublayers and attentions see: a plain
+    object shared by all of them (probes/LayerProbe makes it and gives each sublayer its
+    `probe_index`), so switching the pass on is one attribute, not one per module.
+    `ln_input_norm[i]` and `max_attn_logit[i]` belong to residual sublayer i of
+    `model.residuals()`; `tokens[i]` are the real tokens of its stack's input (None: all)."""
+
+    def __init__(self, n_sublayers: int):
+        self.active = False
+        self.tokens: List[Optional[torch.Tensor]] = [None] * n_sublayers
+        self.ln_input_norm: List[Optional[torch.Tensor]] = [None] * n_sublayers
+        self.max_attn_logit: List[Optional[torch.Tensor]] = [None] * n_sublayers
+
+
 def max_attention_logit(q: torch.Tensor, k: torch.Tensor, causal: bool,
                         key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The largest attention logit q_i.k_j / sqrt(d_h) over batch, heads and the (query, key)
     pairs the attention may use (Wortsman et al. 2023, Sec. 3.1.1: attention logit growth).
     q: (B, h, T, d_h), k: (B, h, S, d_h); key_mask (B, 1, 1, S) True where a key is real."""
+    return _masked_logits(q, k, causal, key_mask).amax()
+
+
+def _masked_logits(q, k, causal: bool, key_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """q.k / sqrt(d_h) per (batch, head, query, key), -inf where the attention may not look."""
     logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    hidden = None  # True where the attention may not look
+    hidden = None
     if causal:
         hidden = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device).triu_(1)
     if key_mask is not None:
         hidden = ~key_mask if hidden is None else hidden | ~key_mask
-    return (logits if hidden is None else logits.masked_fill(hidden, float("-inf"))).amax()
+    return logits if hidden is None else logits.masked_fill(hidden, float("-inf"))
 
 
 class _Attention(nn.Module):
-    """What both attentions share: the optional per-head q / k norms and the probe hook that
-    records the largest attention logit of the pass (off in normal training)."""
+    """What both attentions share: the optional per-head q / k norms and the probe pass, which
+    records the largest attention logit (`recorder`, off in normal training)."""
+
+    recorder: Optional[ProbeRecorder] = None  # set once by probes/LayerProbe
+    probe_index = -1                          # this attention's residual sublayer there
 
     def _setup(self, n_heads: int, dropout: float, qk_norm):
         self.n_heads, self.dropout = n_heads, dropout
         # None rather than identities: a module call per attention costs a deep tiny model time.
         self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
-        self.record_max_logit = False
-        self.max_logit: Optional[torch.Tensor] = None
 
     def _attend(self, q, k, v, mask, causal: bool) -> torch.Tensor:
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.record_max_logit:
-            self.max_logit = max_attention_logit(q.detach(), k.detach(), causal, mask)
+        r = self.recorder
+        if r is not None and r.active:
+            # The probe pass (eval mode, no dropout) attends by hand: the logits it needs anyway
+            # give the largest one, where the fused kernel would hide them.
+            logits = _masked_logits(q, k, causal, mask)
+            r.max_attn_logit[self.probe_index] = logits.amax()
+            return logits.softmax(-1) @ v
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               dropout_p=self.dropout if self.training else 0.0)
 
@@ -243,14 +268,12 @@ class Residual(nn.Module):
     its relatives. A placement without one leaves it None, written as an empty cell."""
 
     has_norm = True  # False: the placement has no normalisation at all
+    recorder: Optional[ProbeRecorder] = None  # the probe pass (probes/LayerProbe), set once
+    probe_index = -1                          # this sublayer's slot there
 
     def __init__(self, branch: nn.Module, c: TransformerConfig, stack: str, shared: Dict[str, nn.Parameter]):
         super().__init__()
         self.branch, self.dropout = branch, c.dropout
-        # Probe hooks, off in normal training: see probes/ and init.admin_profile.
-        self.record_ln_input = False
-        self.ln_input_mask: Optional[torch.Tensor] = None  # (B, T) real tokens, None: all
-        self.ln_input_norm: Optional[torch.Tensor] = None
 
     def _g(self, x: torch.Tensor, *context: torch.Tensor) -> torch.Tensor:
         return self._drop(self.branch(x, *context))
@@ -260,8 +283,10 @@ class Residual(nn.Module):
 
     def _stream(self, x: torch.Tensor) -> torch.Tensor:
         """The input of the residual stream's norm, recorded for the probes when asked."""
-        if self.record_ln_input:
-            self.ln_input_norm = token_mean(x.detach().norm(dim=-1), self.ln_input_mask)
+        r = self.recorder
+        if r is not None and r.active:
+            i = self.probe_index
+            r.ln_input_norm[i] = token_mean(torch.linalg.vector_norm(x.detach(), dim=-1), r.tokens[i])
         return x
 
 

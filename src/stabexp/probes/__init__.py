@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from stabexp.model.transformer import Seq2SeqTransformer, token_mean
+from stabexp.model.transformer import ProbeRecorder, Seq2SeqTransformer, token_mean
 
 
 def model_update(features: torch.Tensor, features_init: torch.Tensor,
@@ -60,7 +60,20 @@ class LayerProbe:
         # Bucket of each parameter: its sublayer, or len(keys) for embeddings and final LNs.
         owner = [sublayer_of.get(id(p), len(self.keys)) for p in self.params]
         self.owner = torch.tensor(owner, dtype=torch.long, device=self.params[0].device)
-        self.attentions = list(model.attentions())
+        # The attention of each sublayer (None: an FFN, or a model without attention).
+        self.attentions = list(model.attentions()) if hasattr(model, "attentions") else [None] * len(self.keys)
+        # One recorder per model, shared by every LayerProbe made on it (at_init.py makes its own).
+        self.recorder = getattr(model, "probe_recorder", None)
+        if self.recorder is None:
+            self.recorder = model.probe_recorder = ProbeRecorder(len(self.keys))
+            for i, (res, attn) in enumerate(zip(self.residuals, self.attentions)):
+                res.recorder, res.probe_index = self.recorder, i
+                if attn is not None:
+                    attn.recorder, attn.probe_index = self.recorder, i
+        # The relative update runs over the sublayers' weight matrices: on a CPU the cost of a
+        # _foreach op is per tensor, and biases, norms and scalars are two thirds of them.
+        self.matrices = [(i, p) for p, i in zip(self.params, owner) if p.dim() >= 2 and i < len(self.keys)]
+        self.matrix_owner = torch.tensor([i for i, _ in self.matrices], dtype=torch.long, device=self.owner.device)
         self.previous: Optional[List[torch.Tensor]] = None  # theta_{i-1}, taken by `snapshot`
 
     def _per_sublayer(self, tensors: List[torch.Tensor]) -> torch.Tensor:
@@ -69,28 +82,28 @@ class LayerProbe:
         return torch.zeros(len(self.keys) + 1, device=sq.device).index_add_(0, self.owner, sq)
 
     def snapshot(self) -> None:
-        """Keep theta before an optimiser step, for `relative_updates` after it."""
+        """Keep the weight matrices before an optimiser step, for `relative_updates` after it."""
+        current = [p.detach() for _, p in self.matrices]
         if self.previous is None:
-            self.previous = [p.detach().clone() for p in self.params]
-        else:
-            torch._foreach_copy_(self.previous, [p.detach() for p in self.params])
+            self.previous = [w.clone() for w in current]
+        elif current:  # a model without residual sublayers (NormMLP) has nothing to keep
+            torch._foreach_copy_(self.previous, current)
 
     @torch.no_grad()
     def relative_updates(self) -> torch.Tensor:
-        """Per sublayer, RMS(theta_i - theta_{i-1}) / RMS(theta_i) over its parameters
-        (= ||update|| / ||theta_i||, both RMS running over the same elements; Wortsman et al.
-        2023 follow the update RMS per layer). NaN without a snapshot; uses it up.
-        The snapshot is turned into the update in place and both norms come from one
-        _foreach_norm: on a CPU the per-tensor calls, not the arithmetic, are the cost."""
+        """Per sublayer, RMS(W_i - W_{i-1}) / RMS(W_i) over its weight matrices (= ||update|| /
+        ||W_i||, both RMS running over the same elements; Wortsman et al. 2023 follow the update
+        RMS per layer). NaN without a snapshot; uses it up: the snapshot becomes the (negated)
+        update in place and both norms come from one _foreach_norm."""
         n = len(self.keys)
-        if self.previous is None:
+        if self.previous is None or not self.matrices:
             return torch.full((n,), float("nan"), device=self.owner.device)
-        params = [p.detach() for p in self.params]
-        torch._foreach_sub_(self.previous, params)  # theta_{i-1} - theta_i: the update, negated
-        sq = torch.stack(torch._foreach_norm(self.previous + params)).float() ** 2
-        m = len(params)
-        moved = torch.zeros(n + 1, device=sq.device).index_add_(0, self.owner, sq[:m])[:n]
-        weights = torch.zeros(n + 1, device=sq.device).index_add_(0, self.owner, sq[m:])[:n]
+        current = [p.detach() for _, p in self.matrices]
+        torch._foreach_sub_(self.previous, current)
+        sq = torch.stack(torch._foreach_norm(self.previous + current)).float() ** 2
+        m = len(current)
+        moved = torch.zeros(n, device=sq.device).index_add_(0, self.matrix_owner, sq[:m])
+        weights = torch.zeros(n, device=sq.device).index_add_(0, self.matrix_owner, sq[m:])
         return (moved / weights).sqrt()
 
     def grad_norms(self) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -107,41 +120,37 @@ class LayerProbe:
     def features_with_ln_norms(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.probe_pass(src, tgt_in)[:2]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def probe_pass(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """F(x, theta) in eval mode (no dropout), plus, on the same pass, each sublayer's
         ln_input_norm (over the real tokens of its stack's input) and its largest attention
-        logit (NaN for an FFN)."""
-        residuals = self.residuals
+        logit (NaN for an FFN). Its attention is computed by hand (model/transformer.py
+        _Attention), so F here and the fused kernel's F differ by rounding (about 1e-7)."""
+        r, n = self.recorder, len(self.keys)
         tokens = self.model.token_masks(src, tgt_in)
+        r.tokens = [tokens.get(stack) for stack in self.stacks]
+        r.ln_input_norm, r.max_attn_logit = [None] * n, [None] * n
         # Eval mode only matters with dropout; toggling every module costs more than the
         # probe's own arithmetic in a deep tiny model, so skip it when nothing would change.
         toggle = self.model.training and getattr(self.model.config, "dropout", 0) > 0
         if toggle:
             self.model.eval()
-        for res, stack, attn in zip(residuals, self.stacks, self.attentions):
-            res.record_ln_input = True
-            res.ln_input_mask = tokens.get(stack)
-            if attn is not None:
-                attn.record_max_logit = True
+        r.active = True
         try:
             feats = self.model.features(src, tgt_in)
-            # NaN (an empty cell) where a placement has no norm on the stream (ReZero, Fixup,
-            # T-Fixup), and for the max attention logit of an FFN.
-            nan = feats.new_full((), float("nan"))
-            ln_norms = (torch.stack([res.ln_input_norm if res.ln_input_norm is not None else nan
-                                     for res in residuals]) if residuals else feats.new_zeros(0))
-            max_logits = (torch.stack([attn.max_logit if attn is not None else nan for attn in self.attentions])
-                          if residuals else feats.new_zeros(0))
         finally:
-            for res, attn in zip(residuals, self.attentions):
-                res.record_ln_input = False
-                res.ln_input_norm = res.ln_input_mask = None
-                if attn is not None:
-                    attn.record_max_logit = False
-                    attn.max_logit = None
+            r.active = False
             if toggle:
                 self.model.train()
+        # NaN (an empty cell) where a placement has no norm on the stream (ReZero, Fixup,
+        # T-Fixup), and for the attention logit of an FFN.
+        nan = feats.new_full((), float("nan"))
+        if not n:
+            return feats, feats.new_zeros(0), feats.new_zeros(0)
+        ln_norms = torch.stack([v if v is not None else nan for v in r.ln_input_norm])
+        max_logits = torch.stack([v if v is not None else nan for v in r.max_attn_logit])
+        r.tokens = [None] * n
+        r.ln_input_norm, r.max_attn_logit = [None] * n, [None] * n
         return feats, ln_norms, max_logits
 
 

@@ -234,9 +234,10 @@ class Run:
                            "final_eval_acc": None}
             self.features_init = None
             if self.probe is not None:
-                with torch.no_grad():
-                    model.eval()
-                    self.features_init = model.features(self.probe_src, self.probe_tgt_in).clone()
+                # The same pass as every later F(x, theta_i) (LayerProbe.probe_pass), so that
+                # the update at step 0 is exactly 0.
+                model.eval()
+                self.features_init = self.probe.probe_pass(self.probe_src, self.probe_tgt_in)[0].clone()
             model.train()
             self.record(0, None, None, None, at_init=self.probe_at_init() if cfg.probe.at_init else None)
         else:
@@ -255,7 +256,8 @@ class Run:
         summary["optim"] = {"name": o.name, "lr": t.lr, "weight_decay": o.weight_decay,
                             "momentum": o.momentum, "beta1": o.betas[0], "decay_on": o.decay_on}
         if o.weight_decay > 0:
-            summary["theory"] = theory.equilibrium(*torch_form(o.name, o.weight_decay, t.lr), o.momentum, o.betas[0])
+            name, weight_decay = torch_form(o.name, o.weight_decay, t.lr)
+            summary["theory"] = theory.equilibrium(name, t.lr, weight_decay, o.momentum, o.betas[0])
 
     def _equilibrium_norms(self, summary: Dict) -> None:
         if "theory" not in summary:
