@@ -7,7 +7,7 @@ import sys
 
 import matplotlib.pyplot as plt
 
-from stabexp.analysis import lr_sensitivity_table, lr_setting
+from stabexp.analysis import lr_sensitivity_table, run_setting
 from stabexp.plotting.figures import FIGSIZE_PER_PANEL, figure_main
 
 EXPERIMENT = "lr_sensitivity"
@@ -40,8 +40,8 @@ def draw(tables):
         for _, r in runs[runs.lr.isin(top_lrs)].sort_values("lr").iterrows():
             rows = frame[frame.run == r.run]
             style = "-" if r.lr == top_lrs[-1] else ":"
-            ax.plot(rows.step, rows[column], style, color=colors[lr_setting(r.run)], lw=1.3,
-                    label=f"lr {r.lr:g}, {lr_setting(r.run)}")
+            ax.plot(rows.step, rows[column], style, color=colors[run_setting(r)], lw=1.3,
+                    label=f"lr {r.lr:g}, {run_setting(r)}")
         ax.set_xlabel("step")
         ax.set_ylabel(column)
         ax.set_title(title, fontsize=9)

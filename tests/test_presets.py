@@ -64,7 +64,8 @@ def test_every_preset_composes_to_a_valid_multirun(preset, scale):
     assert str(cfg.hydra.mode).endswith("MULTIRUN")
     assert cfg.experiment == preset and cfg.scale == scale
     params = dict(cfg.hydra.sweeper.params)
-    assert set(params) <= {"group", "depth", "seed", "model", "optim", "train.lr", "optim.weight_decay"}
+    assert set(params) <= {"group", "depth", "seed", "model", "optim", "train.lr", "optim.weight_decay",
+                           "model.qk_norm", "train.z_loss"}
     if scale == "quick":
         assert cfg.model.d_model == 16 and params.get("depth", "2,3,4") == "2,3,4"
         assert cfg.depth <= 4 or "depth" in params
@@ -105,7 +106,7 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     assert counts["multi30k_table"] == 6 * 3
     assert counts["admin_clinic"] == 3 * 5 and counts["deepnet_early_paper"] == 3
     assert counts["deepnet_depth_paper"] == 2 * 3 and counts["grad_at_init"] == 3 * 3 * 8
-    assert counts["lm_depth"] == 4 * 2 and counts["lr_sensitivity"] == 2 * 2 * 2
+    assert counts["lm_depth"] == 4 * 3 and counts["lr_sensitivity"] == 2 * 2 * 2
     lm = runs[runs.experiment.isin(["lm_depth", "lr_sensitivity"])]
     assert lm.task.eq("lm").all() and lm.decoder_depth.isna().all()
     paper_recipe = runs[runs.experiment.str.endswith("_paper")]
@@ -140,7 +141,7 @@ def test_every_figure_is_built_and_byte_reproducible(quick_outputs):
 
 
 def test_report_gives_the_lr_sensitivity_of_each_setting(quick_outputs):
-    sweep = quick_outputs.outputs / "multirun" / "experiment=lr_sensitivity__scale=quick"
+    (sweep,) = (quick_outputs.outputs / "multirun").glob("experiment=lr_sensitivity__*")
     result = _cli(quick_outputs.outputs, "report", str(sweep))
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| model.qk_norm=")]

@@ -180,3 +180,14 @@ def test_adamw_independent_equilibrium_uses_the_decay_per_unit_lr(make_cfg, tmp_
                              "train.steps=1"), tmp_path)
     assert summary["optim"]["name"] == "adamw_independent"
     assert summary["theory"]["angular_update"] == pytest.approx(math.sqrt(2 * 0.01 * 0.1 / 1.9))
+
+
+def test_lr_setting_comes_from_the_recorded_overrides_when_the_folder_name_is_cut():
+    import pandas as pd
+
+    from stabexp.analysis import run_setting
+
+    run = pd.Series({"run": "sweep/experiment=x__model.qk_norm=True__probe.every=4__tr__3f9a0c1b2d",
+                     "overrides": "experiment=x__model.qk_norm=True__probe.every=4__train.lr=0.1"})
+    assert run_setting(run) == "model.qk_norm=True probe.every=4"
+    assert run_setting(run.drop("overrides")) == "model.qk_norm=True probe.every=4 tr 3f9a0c1b2d"

@@ -277,12 +277,18 @@ def lr_sensitivity(final_losses, loss_0: float) -> float:
     return float((clipped - clipped.min()).mean())
 
 
-def lr_setting(run: str) -> str:
-    """What a run of an lr sweep holds fixed besides the lr: its folder name (the overrides that
-    made it) without train.lr, experiment and scale."""
-    parts = str(run).replace("\\", "/").rsplit("/", 1)[-1].split("__")
-    kept = [p for p in parts if not p.startswith(("train.lr=", "experiment=", "scale="))]
+def lr_setting(overrides: str) -> str:
+    """What a run of an lr sweep holds fixed besides the lr: its overrides ("__"-joined, as in
+    Hydra's record or a run folder's name) without train.lr, experiment and scale."""
+    kept = [p for p in str(overrides).split("__") if not p.startswith(("train.lr=", "experiment=", "scale="))]
     return " ".join(kept) or "(defaults)"
+
+
+def run_setting(run: pd.Series) -> str:
+    """lr_setting of a collected run: from its recorded overrides, else from its folder's name
+    (which is cut and hashed when long, so only the fallback)."""
+    overrides = run.get("overrides")
+    return lr_setting(overrides if isinstance(overrides, str) else str(run.run).replace("\\", "/").rsplit("/", 1)[-1])
 
 
 def lr_sensitivity_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
@@ -292,7 +298,7 @@ def lr_sensitivity_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFr
     rows = []
     for _, r in runs.iterrows():
         final = r.final_eval_loss if r.status == "completed" else float("nan")
-        rows.append({"setting": lr_setting(r.run), "lr": float(r.lr), "final_eval_loss": final,
+        rows.append({"setting": run_setting(r), "lr": float(r.lr), "final_eval_loss": final,
                      "status": r.status, "loss_0": init.get(r.run, float("nan"))})
     table = pd.DataFrame(rows).sort_values(["setting", "lr"])
     sensitivity = {s: lr_sensitivity(t.final_eval_loss, t.loss_0.mean()) for s, t in table.groupby("setting")}

@@ -20,7 +20,7 @@ from stabexp.analysis import (
     clinic_ratio,
     encoder_input_change,
     lr_sensitivity_table,
-    lr_setting,
+    run_setting,
     last_w2_grad,
     output_change_fits,
     output_change_table,
@@ -176,7 +176,8 @@ def sweep_table(sweep_dir: Path) -> str:
 def is_lr_sweep(runs: pd.DataFrame) -> bool:
     """A sweep over the learning rate: some setting (the runs' overrides but train.lr) ran at
     two learning rates or more."""
-    return bool(runs.assign(setting=runs.run.map(lr_setting)).groupby("setting").lr.nunique().max() >= 2)
+    settings = runs.apply(run_setting, axis=1)
+    return bool(runs.assign(setting=settings).groupby("setting").lr.nunique().max() >= 2)
 
 
 def lr_section(tables) -> List[str]:

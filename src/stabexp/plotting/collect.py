@@ -31,6 +31,7 @@ def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
         except json.JSONDecodeError:
             continue
         run_id = str(folder.relative_to(outputs))
+        overrides = _overrides(folder)
         info = {"run": run_id, "sweep": str(folder.parent.relative_to(outputs)),
                  **{k: summary.get(k) for k in RUN_COLUMNS[2:]}}
         info["scale"] = info["scale"] or "default"
@@ -47,7 +48,7 @@ def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
                      "chance_loss": summary.get("chance_loss"), "task": summary.get("task"),
                      "final_eval_ppl": summary.get("final_eval_ppl"), "valid_bleu": summary.get("valid_bleu"),
                      "test_bleu": summary.get("test_bleu"), "bleu_signature": summary.get("bleu_signature"),
-                     "arch": summary.get("arch"), "test_loss": summary.get("test_loss"),
+                     "arch": summary.get("arch"), "test_loss": summary.get("test_loss"), "overrides": overrides,
                      "unigram_eval_loss": (summary.get("data") or {}).get("unigram_eval_loss")})
         for name, sink in (("metrics.csv", metrics), ("layers.csv", layers)):
             path = folder / name
@@ -61,6 +62,17 @@ def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
         "metrics": pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(),
         "layers": pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(),
     }
+
+
+def _overrides(folder: Path):
+    """The command-line overrides of a run, from Hydra's record (`.hydra/overrides.yaml`), as
+    one "__"-joined string in sorted order; None for a run made without Hydra (tests)."""
+    path = folder / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return "__".join(sorted(str(o) for o in OmegaConf.load(path)))
 
 
 def write_collected(outputs: Path) -> Path:
