@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from stabexp.model.transformer import ProbeRecorder, Seq2SeqTransformer, token_mean
+from stabexp.train.losses import log_z
 
 
 def model_update(features: torch.Tensor, features_init: torch.Tensor,
@@ -32,9 +33,9 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
 def log_z_stats(logits: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(mean, max) over the (real) positions of log Z = logsumexp_j y_j, the output logits'
     normaliser (Wortsman et al. 2023, Sec. 3.1.2: output logit divergence). logits (B, T, V)."""
-    log_z = torch.logsumexp(logits.float(), dim=-1)
-    peak = log_z.amax() if tokens is None else log_z.masked_fill(~tokens, float("-inf")).amax()
-    return torch.stack([token_mean(log_z, tokens), peak])
+    values = log_z(logits)
+    peak = values.amax() if tokens is None else values.masked_fill(~tokens, float("-inf")).amax()
+    return torch.stack([token_mean(values, tokens), peak])
 
 
 class LayerProbe:
@@ -76,10 +77,12 @@ class LayerProbe:
         self.matrix_owner = torch.tensor([i for i, _ in self.matrices], dtype=torch.long, device=self.owner.device)
         self.previous: Optional[List[torch.Tensor]] = None  # theta_{i-1}, taken by `snapshot`
 
-    def _per_sublayer(self, tensors: List[torch.Tensor]) -> torch.Tensor:
-        """Squared norms of `tensors` (aligned with self.params) summed per sublayer bucket."""
+    @staticmethod
+    def _bucket_sums(tensors: List[torch.Tensor], owner: torch.Tensor, buckets: int) -> torch.Tensor:
+        """Squared norms of `tensors`, from one _foreach_norm, summed per bucket (owner[k] is
+        tensor k's bucket)."""
         sq = torch.stack(torch._foreach_norm(tensors)).float() ** 2
-        return torch.zeros(len(self.keys) + 1, device=sq.device).index_add_(0, self.owner, sq)
+        return torch.zeros(buckets, device=sq.device).index_add_(0, owner, sq)
 
     def snapshot(self) -> None:
         """Keep the weight matrices before an optimiser step, for `relative_updates` after it."""
@@ -100,11 +103,10 @@ class LayerProbe:
             return torch.full((n,), float("nan"), device=self.owner.device)
         current = [p.detach() for _, p in self.matrices]
         torch._foreach_sub_(self.previous, current)
-        sq = torch.stack(torch._foreach_norm(self.previous + current)).float() ** 2
-        m = len(current)
-        moved = torch.zeros(n, device=sq.device).index_add_(0, self.matrix_owner, sq[:m])
-        weights = torch.zeros(n, device=sq.device).index_add_(0, self.matrix_owner, sq[m:])
-        return (moved / weights).sqrt()
+        # Update and weights in one call: buckets 0..n-1 the update's, n..2n-1 the weights'.
+        owner = torch.cat([self.matrix_owner, self.matrix_owner + n])
+        sums = self._bucket_sums(self.previous + current, owner, 2 * n)
+        return (sums[:n] / sums[n:]).sqrt()
 
     def grad_norms(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(total gradient norm of the model, gradient norm per sublayer), from one
@@ -114,7 +116,7 @@ class LayerProbe:
             nan = torch.full((), float("nan"), device=self.owner.device)
             return nan, torch.full((n,), float("nan"), device=self.owner.device)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        buckets = self._per_sublayer(grads)
+        buckets = self._bucket_sums(grads, self.owner, n + 1)
         return buckets.sum().sqrt(), buckets[:n].sqrt()
 
     def features_with_ln_norms(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
