@@ -82,7 +82,7 @@ def test_sweep_goes_on_past_a_diverged_run(stabexp_cli):
     (["depth=6,18"], ["depth=6,18", "-m"]),
     (["optim=sgdm", "optim.momentum=1.5"], ["optim.momentum=1.5", "[0, 1)"]),
     (["optim=lamb"], ["optim=lamb", "adamw", "sgdm"]),
-    (["model=normmlp"], ["task=reverse", "normmlp", "teacher"]),
+    (["model=normmlp"], ["task=sort", "normmlp", "teacher"]),
     (["train.schedule=cosine"], ["train.schedule=cosine", "warmup_inverse_sqrt"]),
     (["experiment=nope"], ["experiment=nope", "deepnet_depth", "smd"]),
     (["scale=huge"], ["scale=huge", "quick"]),

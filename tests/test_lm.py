@@ -145,8 +145,8 @@ def test_combinations_without_meaning_are_clear_errors(make_cfg, overrides, matc
         validate(_cfg(make_cfg, *overrides))
 
 
-def test_reverse_task_refuses_a_single_stack_model(make_cfg):
-    with pytest.raises(ConfigError, match="task=reverse is not allowed: model.arch=decoder_only trains on tasks of kind lm"):
+def test_a_symbol_task_refuses_a_single_stack_model(make_cfg):
+    with pytest.raises(ConfigError, match="task=sort is not allowed: model.arch=decoder_only trains on tasks of kind lm"):
         validate(make_cfg("model.arch=decoder_only"))
 
 

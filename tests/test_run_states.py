@@ -10,11 +10,11 @@ import torch
 
 import stabexp.train.trainer as trainer
 from conftest import TINY
-from stabexp.data import ReverseTask
+from stabexp.data import SortTask, SymbolTask
 
 
-class ScriptedLosses(ReverseTask):
-    """The reversal task, with the training loss of each step given in advance (plus zero times
+class ScriptedLosses(SortTask):
+    """The sorting task (the default), with the training loss of each step given in advance (plus zero times
     the logits, so that backward and the optimiser run as usual)."""
 
     def __init__(self, losses, *args, **kwargs):
@@ -105,7 +105,7 @@ def test_an_unexpected_error_is_recorded_as_failed_and_raised(make_cfg, tmp_path
     def broken(self, n=None):
         raise RuntimeError("the data went away")
 
-    monkeypatch.setattr(ReverseTask, "train_batch", broken)
+    monkeypatch.setattr(SymbolTask, "train_batch", broken)
     with pytest.raises(RuntimeError, match="the data went away"):
         trainer.train(make_cfg("group=postln"), tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -119,9 +119,9 @@ def test_a_failed_run_exits_non_zero_through_the_cli(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; import stabexp.data.reverse as r\n"
+    code = ("import sys; import stabexp.data.symbols as s\n"
             "def broken(self, n=None): raise RuntimeError('the data went away')\n"
-            "r.ReverseTask.train_batch = broken\n"
+            "s.SymbolTask.train_batch = broken\n"
             "from stabexp.cli import main\n"
             f"sys.exit(main(['run', *{TINY!r}]))")
     env = dict(os.environ, STABEXP_OUTPUTS=str(tmp_path / "outputs"))

@@ -107,7 +107,7 @@ def test_a_seed_fixes_every_file_and_another_seed_changes_them(make_cfg, tmp_pat
     assert not a[0].loss.equals(c[0].loss) and a[1] != c[1]
 
 
-@pytest.mark.parametrize("task", ["reverse", "teacher"])
+@pytest.mark.parametrize("task", ["sort", "reverse", "teacher"])
 @pytest.mark.parametrize("stream", ["train_batch", "init_batch", "eval_batch", "probe_batch"])
 def test_every_batch_stream_follows_the_seed(make_cfg, task, stream):
     """The seed reaches the data, not only the init: each stream repeats under the same seed

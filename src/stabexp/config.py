@@ -79,7 +79,7 @@ if not OmegaConf.has_resolver("stabexp_outputs"):
 SCHEDULES = ("constant", "warmup_inverse_sqrt", "inverse_sqrt_nowarmup")
 # transformer: the encoder-decoder; decoder_only / encoder_only: one stack (model/lm.py).
 ARCHS = ("transformer", "decoder_only", "encoder_only", "normmlp")
-TASKS_OF_ARCH = {"transformer": ("reverse", "translation"), "decoder_only": ("lm",), "encoder_only": ("lm",),
+TASKS_OF_ARCH = {"transformer": ("sort", "reverse", "translation"), "decoder_only": ("lm",), "encoder_only": ("lm",),
                  "normmlp": ("teacher",)}
 SUBWORDS = ("bpe", "unigram")  # and char, for task=lm
 # Init rules whose constants exist for an encoder-decoder only (T-Fixup's encoder and decoder factors).
@@ -117,15 +117,16 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    """The task (conf/task/*.yaml): synthetic (reverse, teacher), generated in-process from the
+    """The task (conf/task/*.yaml): synthetic (sort, reverse, teacher), generated in-process from the
     seed, or translation of parallel text (data/translation.py)."""
 
     name: str = MISSING
-    kind: str = MISSING        # reverse | teacher | translation: the task class (data/__init__.py)
-    vocab_size: int = 16       # reverse: symbols incl. BOS (chance ln(vocab_size - 1));
+    kind: str = MISSING        # sort | reverse | teacher | translation | lm: the task class
+                               # (data/__init__.py)
+    vocab_size: int = 16       # sort, reverse: symbols incl. BOS (chance ln(vocab_size - 1));
                                # translation: size of the joint subword vocabulary to learn
-    seq_len: int = 10          # reverse: source and target length; lm: tokens per window
-    eval_batch_size: int = 256  # reverse: the fixed held-out batch; translation: sentences per
+    seq_len: int = 10          # sort, reverse: source and target length; lm: tokens per window
+    eval_batch_size: int = 256  # sort, reverse: the fixed held-out batch; translation: sentences per
                                # batch when scoring and translating the validation / test split
     probe_batch_size: int = 32  # fixed batch x of the model update F(x, theta_i) (translation:
                                # the first validation pairs)

@@ -1,16 +1,17 @@
 """Tasks: what the trainer asks for batches, losses and evaluation (data/task.py).
 
-- reverse: sequence reversal, generated in-process from the seed;
+- sort (the default) and reverse: sequences of symbols sorted or reversed, generated in-process
+  from the seed (data/symbols.py);
 - teacher: classification by a random teacher (the SMD study's normalised network);
 - translation: parallel text from a folder, or a corpus downloaded on first use (multi30k);
 - lm: language modelling on English text (built in, or a folder), for the single-stack models.
 """
 
-from stabexp.data.reverse import ReverseTask
+from stabexp.data.symbols import SYMBOL_TASKS, ReverseTask, SortTask, SymbolTask
 from stabexp.data.task import Task
 from stabexp.data.teacher import TeacherTask
 
-KINDS = ("reverse", "teacher", "translation", "lm")
+KINDS = (*SYMBOL_TASKS, "teacher", "translation", "lm")
 
 
 def make_task(cfg, device) -> Task:
@@ -28,7 +29,7 @@ def make_task(cfg, device) -> Task:
              "probe_batch_size": t.probe_batch_size, "label_smoothing": cfg.train.label_smoothing}
     if t.kind == "teacher":
         return TeacherTask(t.in_dim, t.classes, cfg.seed, device, t.label_noise, **sizes)
-    return ReverseTask(t.vocab_size, t.seq_len, cfg.seed, device, **sizes)
+    return SYMBOL_TASKS[t.kind](t.vocab_size, t.seq_len, cfg.seed, device, **sizes)
 
 
 def prepare(cfg) -> None:
@@ -46,4 +47,4 @@ def prepare(cfg) -> None:
         LanguageModelTask(cfg, torch.device("cpu"))
 
 
-__all__ = ["ReverseTask", "TeacherTask", "Task", "KINDS", "make_task", "prepare"]
+__all__ = ["ReverseTask", "SortTask", "SymbolTask", "TeacherTask", "Task", "KINDS", "make_task", "prepare"]

@@ -106,15 +106,33 @@ def read_collected(collected: Path) -> dict:
     return out
 
 
+def preset_task(experiment: str) -> str:
+    """The task `stabexp run experiment=NAME` trains on when no override names one."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from stabexp.config import conf_dir
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"experiment={experiment}"])
+    GlobalHydra.instance().clear()
+    return cfg.task.name
+
+
 def preset_tables(tables: dict, experiment: str) -> dict:
     """The rows of one preset's runs: those at the default scale when there are any, else the
-    quick ones, so a quick pass never mixes into the default-scale figures."""
+    quick ones, so a quick pass never mixes into the default-scale figures; and of one task:
+    the preset's own where runs on other tasks (`experiment=NAME task=reverse`) lie beside it."""
     runs = tables["runs"]
     if runs.empty or "experiment" not in runs:
         return {name: frame.iloc[0:0] for name, frame in tables.items()}
     runs = runs[runs.experiment == experiment]
     if (runs.scale == "default").any():
         runs = runs[runs.scale == "default"]
+    if "task" in runs and runs.task.nunique() > 1:
+        own = runs[runs.task == preset_task(experiment)]
+        runs = own if not own.empty else runs[runs.task == sorted(runs.task.dropna())[0]]
     keep = set(runs.run)
     return {name: (frame[frame.run.isin(keep)] if not frame.empty else frame)
             for name, frame in tables.items()}
