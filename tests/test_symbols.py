@@ -34,6 +34,20 @@ def test_chance_is_the_pooled_target_entropy(kind):
     assert entropy == pytest.approx(task.chance_loss, abs=2e-3)
 
 
+@pytest.mark.parametrize("task_class", [SortTask, ReverseTask])
+def test_rule_losses_by_hand(task_class):
+    task = task_class(6, 5, 0, torch.device("cpu"), eval_batch_size=40)
+    src, _, tgt_out = task.eval_batch()
+    by_hand = [-math.log((src[b] == tgt_out[b, t]).float().mean().item())
+               for b in range(40) for t in range(5)]
+    rules = task.rule_losses(sample=4000)
+    assert rules["source_counts_eval_loss"] == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-6)
+    if task_class is ReverseTask:  # reversed uniform symbols: every position is uniform
+        assert rules["position_only_eval_loss"] == pytest.approx(task.chance_loss, abs=0.03)
+    else:  # the first sorted symbol is the smallest: position tells a lot
+        assert rules["position_only_eval_loss"] < task.chance_loss - 0.2
+
+
 def test_the_default_task_is_sort_and_reverse_stays_by_name(make_cfg):
     assert make_cfg().task.kind == "sort"
     assert isinstance(make_task(make_cfg("task=reverse"), torch.device("cpu")), ReverseTask)

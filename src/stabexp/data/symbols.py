@@ -17,13 +17,16 @@ the chance loss ln(vocab_size - 1) on either task.
 from __future__ import annotations
 
 import math
+from typing import Dict
 
 import torch
+import torch.nn.functional as F
 
 from stabexp.data.streams import Batch, SeededStreams
 from stabexp.data.task import to_device
 
 BOS = 0
+RULE_SEED = 12345  # the sample that estimates rule_losses' position frequencies, apart from the run's streams
 
 
 class SymbolTask(SeededStreams):
@@ -46,6 +49,23 @@ class SymbolTask(SeededStreams):
         tgt_out = self.target(src)
         tgt_in = torch.cat([torch.full((n, 1), BOS, dtype=src.dtype), tgt_out[:, :-1]], dim=1)
         return tuple(to_device(t, self.device) for t in (src, tgt_in, tgt_out))
+
+    def rule_losses(self, sample: int = 20000) -> Dict[str, float]:
+        """Eval losses of two rules that stop short of the task, reference lines beside chance:
+        position_only: each target position's symbol frequencies (from `sample` sequences of a
+        stream of their own), ignoring the source; source_counts: every symbol's share of the
+        source at every position, ignoring position (the plateau of issue 14 on reversal)."""
+        src, _, tgt_out = (t.cpu() for t in self.eval_batch())
+        held = self._make(sample, torch.Generator().manual_seed(RULE_SEED))[2].cpu()
+        counts = F.one_hot(held, self.vocab_size).sum(0).double()              # (T, V)
+        log_p = (counts.clamp(min=0.5) / counts.sum(-1, keepdim=True)).log()  # unseen: half a count
+        position_only = -log_p.gather(1, tgt_out.T).mean()
+        share = F.one_hot(src, self.vocab_size).double().mean(1)              # (B, V)
+        source_counts = -share.gather(1, tgt_out).log().mean()  # every target symbol is in the source
+        return {"position_only_eval_loss": float(position_only), "source_counts_eval_loss": float(source_counts)}
+
+    def info(self) -> Dict:
+        return {"data": {"vocab_size": self.vocab_size, "seq_len": self.seq_len, **self.rule_losses()}}
 
 
 class SortTask(SymbolTask):
