@@ -46,8 +46,11 @@ docs-figures:
 	mkdir -p docs/figures
 	cp outputs/figures/*.png docs/figures/
 
+# torchscale (Microsoft's DeepNet code) for tests/test_crosscheck.py, without its dependencies:
+# its timm pulls torchvision, and scripts/crosscheck_torchscale.py stands in for timm's drop_path.
 test:
 	$(MAKE) install EXTRAS=test,launchers
+	$(BIN)/python -c "import torchscale, fairscale" 2>/dev/null || $(BIN)/pip install -q --no-deps torchscale==0.3.0 fairscale==0.4.0
 	$(BIN)/python -m pytest tests
 
 plots: install
