@@ -1,5 +1,7 @@
 """`stabexp report`: a sweep as a group x depth markdown table."""
 
+import json
+
 from stabexp.report import main, sweep_table
 from stabexp.train.trainer import train
 
@@ -18,6 +20,11 @@ def test_report_table_of_a_sweep(make_cfg, tmp_path, capsys):
     postln = next(line for line in lines if line.startswith("| postln |"))
     assert "diverged @ step" in postln and postln.rstrip().endswith("|")
     assert main([str(sweep)]) == 0 and "admin" in capsys.readouterr().out
+    # The symbol task's rules, as the run recorded them, under the table.
+    summary = json.loads((sweep / "a1" / "summary.json").read_text())["data"]
+    assert (f'Rule "source counts at every position": {summary["source_counts_eval_loss"]:.3f} '
+            f'({summary["source_counts_eval_acc"]:.3f})') in table
+    assert f'Rule "each position\'s symbol frequencies": {summary["position_only_eval_loss"]:.3f}' in table
 
 
 def test_report_on_a_missing_folder_is_one_line(tmp_path, capsys):

@@ -40,8 +40,11 @@ def test_rule_losses_by_hand(task_class):
     src, _, tgt_out = task.eval_batch()
     by_hand = [-math.log((src[b] == tgt_out[b, t]).float().mean().item())
                for b in range(40) for t in range(5)]
+    modes = [min(range(1, 6), key=lambda v: (-(src[b] == v).sum().item(), v)) for b in range(40)]
+    hits = [modes[b] == tgt_out[b, t].item() for b in range(40) for t in range(5)]
     rules = task.rule_losses(sample=4000)
     assert rules["source_counts_eval_loss"] == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-6)
+    assert rules["source_counts_eval_acc"] == pytest.approx(sum(hits) / len(hits))
     if task_class is ReverseTask:  # reversed uniform symbols: every position is uniform
         assert rules["position_only_eval_loss"] == pytest.approx(task.chance_loss, abs=0.03)
     else:  # the first sorted symbol is the smallest: position tells a lot

@@ -169,6 +169,12 @@ def sweep_table(sweep_dir: Path) -> str:
         unigram = runs.unigram_eval_loss.dropna()
         if len(unigram):  # task=lm: the loss of the training stream's token frequencies
             note += f" Unigram loss {unigram.iloc[0]:.3f}."
+        for rule, name in (("source_counts", "source counts at every position"),
+                           ("position_only", "each position's symbol frequencies")):
+            if runs.get(f"{rule}_eval_loss", pd.Series(dtype=float)).notna().any():
+                first = runs.dropna(subset=[f"{rule}_eval_loss"]).iloc[0]
+                note += (f" Rule \"{name}\": {first[f'{rule}_eval_loss']:.3f}"
+                         f" ({first[f'{rule}_eval_acc']:.3f}).")
     text = f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")
     return text + "\n".join(["", *fits_section(tables)])
 

@@ -51,18 +51,22 @@ class SymbolTask(SeededStreams):
         return tuple(to_device(t, self.device) for t in (src, tgt_in, tgt_out))
 
     def rule_losses(self, sample: int = 20000) -> Dict[str, float]:
-        """Eval losses of two rules that stop short of the task, reference lines beside chance:
-        position_only: each target position's symbol frequencies (from `sample` sequences of a
-        stream of their own), ignoring the source; source_counts: every symbol's share of the
-        source at every position, ignoring position (the plateau of issue 14 on reversal)."""
+        """Eval loss and token accuracy of two rules that stop short of the task, reference
+        lines beside chance. position_only: each target position's symbol frequencies (from
+        `sample` sequences of a stream of their own), ignoring the source; source_counts: every
+        symbol's share of the source at every position, ignoring position (the plateau of
+        issue 14 on reversal). Accuracy takes the most likely symbol, ties to the smallest."""
         src, _, tgt_out = (t.cpu() for t in self.eval_batch())
         held = self._make(sample, torch.Generator().manual_seed(RULE_SEED))[2].cpu()
         counts = F.one_hot(held, self.vocab_size).sum(0).double()              # (T, V)
         log_p = (counts.clamp(min=0.5) / counts.sum(-1, keepdim=True)).log()  # unseen: half a count
-        position_only = -log_p.gather(1, tgt_out.T).mean()
         share = F.one_hot(src, self.vocab_size).double().mean(1)              # (B, V)
-        source_counts = -share.gather(1, tgt_out).log().mean()  # every target symbol is in the source
-        return {"position_only_eval_loss": float(position_only), "source_counts_eval_loss": float(source_counts)}
+        out = {}
+        for rule, log_q in (("position_only", log_p.expand(len(src), -1, -1)),
+                            ("source_counts", share.log()[:, None].expand(-1, self.seq_len, -1))):
+            out[f"{rule}_eval_loss"] = float(-log_q.gather(2, tgt_out[..., None]).mean())
+            out[f"{rule}_eval_acc"] = float((log_q.argmax(-1) == tgt_out).double().mean())
+        return out
 
     def info(self) -> Dict:
         return {"data": {"vocab_size": self.vocab_size, "seq_len": self.seq_len, **self.rule_losses()}}

@@ -14,6 +14,10 @@ import pandas as pd
 # Identify a run in every table; `sweep` is the folder that holds the run folder.
 RUN_COLUMNS = ["run", "sweep", "experiment", "scale", "group", "depth", "decoder_depth", "seed",
                "model", "status"]
+# Reference losses a task records in summary.json's "data": the unigram model's (task=lm), and
+# the symbol tasks' rules that stop short of the task (data/symbols.py rule_losses).
+DATA_REFERENCES = ("unigram_eval_loss", "source_counts_eval_loss", "source_counts_eval_acc",
+                   "position_only_eval_loss", "position_only_eval_acc")
 
 
 def find_runs(outputs: Path):
@@ -49,7 +53,7 @@ def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
                      "final_eval_ppl": summary.get("final_eval_ppl"), "valid_bleu": summary.get("valid_bleu"),
                      "test_bleu": summary.get("test_bleu"), "bleu_signature": summary.get("bleu_signature"),
                      "arch": summary.get("arch"), "test_loss": summary.get("test_loss"), "overrides": overrides,
-                     "unigram_eval_loss": (summary.get("data") or {}).get("unigram_eval_loss")})
+                     **{key: (summary.get("data") or {}).get(key) for key in DATA_REFERENCES}})
         for name, sink in (("metrics.csv", metrics), ("layers.csv", layers)):
             path = folder / name
             if path.exists() and path.stat().st_size > 0:
