@@ -54,7 +54,7 @@ def draw(tables):
     ax.set_xticks(range(len(depths)), [f"{d}L-{d}L" for d in depths])
     ax.set_yticks(range(len(groups)), groups)
     steps = int(runs.steps_done.max()) if runs.steps_done.notna().any() else 0
-    task = f"{runs.task.dropna().iloc[0]}, " if translation and runs.task.notna().any() else ""
+    task = f"task {runs.task.dropna().iloc[0]}, " if runs.task.notna().any() else ""
     ax.set_title(f"{task}after {steps} updates (grey: diverged)")
     ax.set_facecolor("0.85")
     fig.tight_layout()

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from stabexp.data import ReverseTask
+from stabexp.data import make_task
 from stabexp.model import build_model, initialise
 from stabexp.model.init import deepnorm_encoder_decoder
 
@@ -13,10 +13,10 @@ WIDE = ["model.d_model=64", "model.ffn_dim=128", "model.n_heads=2"]
 
 
 def _built(make_cfg, group, depth, seed=0, decoder_depth=None):
-    cfg = make_cfg(f"group={group}", f"depth={depth}", f"decoder_depth={decoder_depth or depth}", *WIDE)
+    cfg = make_cfg(f"group={group}", f"depth={depth}", f"decoder_depth={decoder_depth or depth}", f"seed={seed}", *WIDE)
     torch.manual_seed(seed)
     model = build_model(cfg, cfg.task.vocab_size)
-    task = ReverseTask(cfg.task.vocab_size, cfg.task.seq_len, seed, torch.device("cpu"))
+    task = make_task(cfg, torch.device("cpu"))
     constants = initialise(model, cfg.group.init, lambda: task.init_batch(16))
     return model, constants
 
@@ -70,7 +70,7 @@ def test_admin_profiling_recursion(make_cfg):
     cfg = make_cfg("group=admin", "depth=3", *WIDE)
     torch.manual_seed(0)
     model = build_model(cfg, cfg.task.vocab_size)
-    task = ReverseTask(cfg.task.vocab_size, cfg.task.seq_len, 0, torch.device("cpu"))
+    task = make_task(cfg, torch.device("cpu"))
     batch = task.init_batch(16)
     constants = initialise(model, "admin_profiled", lambda: batch)
     seen = {"encoder": [], "decoder": []}

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from stabexp.data import ReverseTask
+from stabexp.data import make_task
 from stabexp.model import build_model, initialise
 from stabexp.probes.at_init import grad_at_init, output_change, perturbed_parameters
 from stabexp.train.trainer import train
@@ -14,7 +14,7 @@ def _model(make_cfg, group, depth=3, seed=0):
     cfg = make_cfg(f"group={group}", f"depth={depth}", f"seed={seed}")
     torch.manual_seed(seed)
     model = build_model(cfg, cfg.task.vocab_size)
-    task = ReverseTask(cfg.task.vocab_size, cfg.task.seq_len, seed, torch.device("cpu"))
+    task = make_task(cfg, torch.device("cpu"))
     initialise(model, cfg.group.init, lambda: task.init_batch(cfg.train.batch_size))
     return cfg, model, task
 
