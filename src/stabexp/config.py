@@ -171,7 +171,7 @@ class OptimConfig:
 class TrainConfig:
     steps: int = 600            # optimiser steps
     # Peak lr. 1e-3 rather than DeepNet's 5e-4: at 5e-4 the tiny 18L-18L Post-LN model still
-    # learns without warm-up on the reverse task (README, "What it shows").
+    # learns without warm-up on the default task (README, "What it shows").
     lr: float = 1e-3
     warmup_steps: int = 100     # linear warm-up length, for schedules that warm up
     decay_period: int = 4000    # inverse_sqrt_nowarmup (T-Fixup): lr sqrt(D / (D + t)), D this

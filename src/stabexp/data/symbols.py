@@ -9,9 +9,9 @@ the chance loss ln(vocab_size - 1) on either task.
   word's translation follows from the source's words.
 - reverse: the target is the source read backwards. Each target position must attend to one
   mirrored source position, which only the position encodings tell apart (position-based
-  cross-attention). DeepNorm, Post-LN-init and ReZero inside Post-LN sit for 1000+ steps at
-  loss 1.94 here, the loss of predicting the source's symbol counts at every position
-  (docs/results.md, "Why DeepNorm stalls on the reversal task").
+  cross-attention). DeepNorm sits here at loss 1.94, the loss of predicting the source's symbol
+  counts at every position, until about step 2000 at 6L-6L (Post-LN-init and ReZero inside
+  Post-LN too, from 18L-18L on): docs/results.md, "Why DeepNorm stalls on the reversal task".
 """
 
 from __future__ import annotations
