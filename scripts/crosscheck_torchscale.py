@@ -130,12 +130,13 @@ def main(argv=None) -> int:
         loss.backward()
         opt.step()
         sched.step()
-        if not math.isfinite(loss.item()):
-            print(f"step {step}: loss {loss.item()}: diverged")
+        value = loss.item()
+        if not math.isfinite(value):
+            print(f"step {step}: loss {value}: diverged")
             return 0
         if step % a.every == 0 or step == a.steps:
             row = task.evaluate(model)
-            print(f"step {step}: train loss {loss.item():.4f}, eval loss {row['eval_loss']:.4f}, "
+            print(f"step {step}: train loss {value:.4f}, eval loss {row['eval_loss']:.4f}, "
                   f"accuracy {row['eval_acc']:.3f}")
     return 0
 
