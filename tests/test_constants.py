@@ -1,4 +1,5 @@
-"""DeepNorm alpha / beta against the checks in REFERENCE.md Sec. 2, and on a built model."""
+"""DeepNorm alpha / beta (DeepNet, arXiv 2203.00555, Fig. 2) against worked values, and on a
+built model (docs/methods.md, "DeepNorm constants")."""
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_other_styles_do_not_scale_the_residual(make_cfg):
 
 
 @pytest.mark.parametrize("n, subln, t_fixup, fixup, torchscale_beta", [
-    # REFERENCE_METHODS.md Sec. 0, computed there from the formulas (rounded to 3 digits).
+    # Computed from the papers' formulas (rounded to 3 digits); docs/methods.md lists them.
     (6, (1.547, 1.700), (0.428, 0.369), (30, 0.567, 0.183), 0.657),
     (18, (2.183, 1.997), (0.325, 0.280), (90, 0.472, 0.105), 0.466),
     (100, (3.174, 2.388), (0.212, 0.183), (500, 0.355, 0.045), 0.273),

@@ -29,7 +29,11 @@ def test_collector_reads_runs_that_no_preset_made(make_cfg, tmp_path):
     script = Path(__file__).resolve().parents[1] / "scripts" / "make_plots.py"
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "skipped model_update: no runs of the deepnet_early preset" in result.stdout
+    # One closing line for the figures not drawn, naming every preset without runs, once.
+    assert "skipped" not in result.stdout
+    closing = result.stdout.strip().splitlines()[-1]
+    assert closing.startswith("drew 0 figures into ") and "presets have no runs yet: " in closing
+    assert closing.count("deepnet_early,") == 1 and "lr_sensitivity" in closing
 
 
 def test_labels_tell_runs_apart():
@@ -47,4 +51,7 @@ def test_plots_with_no_runs_say_so(tmp_path):
     script = Path(__file__).resolve().parents[1] / "scripts" / "make_plots.py"
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "skipped model_update" in result.stdout
+    presets = sorted(f.stem for f in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml"))
+    assert result.stdout.strip().splitlines()[-1] == (
+        f"drew 0 figures into {tmp_path / 'empty' / 'figures'}; {len(presets)} presets have no runs yet: "
+        f"{', '.join(presets)} (`stabexp run experiment=NAME`, or `make reproduce` for all)")

@@ -1,4 +1,4 @@
-"""The papers' own protocols (issue 10): fairseq's warm-up from a start lr, runs without BLEU,
+"""The papers' own protocols: fairseq's warm-up from a start lr, runs without BLEU,
 probes at init averaged over draws and batches, Transformer-Clinic's curve along one encoder,
 and fits reported with their spread over seeds."""
 

@@ -9,8 +9,8 @@ import torch
 
 from stabexp.analysis import lr_sensitivity, lr_sensitivity_table
 from stabexp.model import build_model
-from stabexp.model.transformer import ProbeRecorder, SelfAttention, make_norm, max_attention_logit
-from stabexp.probes import LayerProbe, log_z_stats
+from stabexp.model.transformer import SelfAttention, explicit_attention, make_norm
+from stabexp.probes import LayerProbe, log_z_stats, max_attention_logit
 from stabexp.train.losses import z_loss
 from stabexp.train.optim import build_optimizer
 
@@ -62,11 +62,13 @@ def test_attention_records_its_largest_logit_with_and_without_qk_norm(qk_norm):
     norms = (make_norm("layernorm", d // heads), make_norm("layernorm", d // heads)) if qk_norm else None
     attn = SelfAttention(d, heads, causal=True, dropout=0.0, qk_norm=norms)
     x = torch.randn(3, 5, d) * 4
-    attn.recorder, attn.probe_index = ProbeRecorder(2), 1
+    seen = []
+    attn.scores.register_forward_hook(lambda module, args, logits: seen.append(logits.amax()))
     fused = attn(x)
-    attn.recorder.active = True
-    out = attn(x)  # the probe pass: attention by hand
-    max_logit = attn.recorder.max_attn_logit[1]
+    assert not seen  # the fused kernel shows no logits
+    with explicit_attention():
+        out = attn(x)  # the probe pass: attention by hand, its logits through `scores`
+    (max_logit,) = seen
     q, k = _hand_qk(attn, x, qk_norm)
     assert max_logit.item() == pytest.approx(_loops_max_logit(q, k, True), rel=1e-4)
     assert torch.allclose(out, fused, atol=1e-5)

@@ -1,4 +1,5 @@
-"""Residual.forward of every style against REFERENCE Sec. 1, with a stub branch of known output,
+"""Residual.forward of every style against its paper's formula (docs/methods.md, "Residual
+placements"), with a stub branch of known output,
 and the final LN that Pre-LN puts on top of each stack."""
 
 import pytest

@@ -25,6 +25,15 @@ RUN = [*TINY, "group=preln", "model.dropout=0.1", "train.steps=60", "probe.first
 WALL = ["elapsed_s"]
 
 
+@pytest.fixture
+def kill_row():
+    """The metrics row at which a test stops its run: drawn from a seed that each failure
+    names, so STABEXP_KILL_SEED=<seed> replays it."""
+    seed = int(os.environ.get("STABEXP_KILL_SEED") or random.randrange(10 ** 6))
+    row = random.Random(seed).randint(8, 50)
+    return row, f"(stopped at metrics row {row}; replay with STABEXP_KILL_SEED={seed})"
+
+
 def _cli(args, outputs):
     env = dict(os.environ, STABEXP_OUTPUTS=str(outputs), PYTHONUNBUFFERED="1")
     return [sys.executable, "-m", "stabexp.cli", "run", *args], env
@@ -38,16 +47,16 @@ def _rows(path):
     return sum(1 for _ in open(path)) - 1 if path.exists() else 0
 
 
-def _assert_same_files(a, b):
+def _assert_same_files(a, b, note=""):
     for name in ("metrics.csv", "layers.csv"):
         x, y = pd.read_csv(a / name), pd.read_csv(b / name)
         x, y = x.drop(columns=[c for c in WALL if c in x]), y.drop(columns=[c for c in WALL if c in y])
-        pd.testing.assert_frame_equal(x, y, check_exact=True)
+        pd.testing.assert_frame_equal(x, y, check_exact=True, obj=f"{name} {note}")
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
     for key in set(sa) | set(sb):
         if key not in trainer.WALL_CLOCK and key != "out_dir":
-            assert sa.get(key) == sb.get(key), key
-    assert (a / "config.yaml").read_text() == (b / "config.yaml").read_text()
+            assert sa.get(key) == sb.get(key), (key, note)
+    assert (a / "config.yaml").read_text() == (b / "config.yaml").read_text(), note
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +83,10 @@ def _start_and_stop(outputs, sig, at_rows):
     return proc.returncode, err
 
 
-def test_a_run_killed_at_a_random_step_resumes_to_the_same_files(tmp_path, uninterrupted):
-    at_rows = random.Random().randint(8, 50)
+def test_a_run_killed_at_a_random_step_resumes_to_the_same_files(tmp_path, uninterrupted, kill_row):
+    at_rows, replay = kill_row
     code, _ = _start_and_stop(tmp_path, signal.SIGKILL, at_rows)
-    assert code == -signal.SIGKILL
+    assert code == -signal.SIGKILL, replay
     run = _run_dir(tmp_path)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "running"  # what a killed run leaves; its lock died with it
@@ -85,28 +94,29 @@ def test_a_run_killed_at_a_random_step_resumes_to_the_same_files(tmp_path, unint
     killed_at = _rows(run / "metrics.csv")
     cmd, env = _cli(RUN, tmp_path)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, (replay, r.stderr[-2000:])
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps_done"] == 60
-    assert len(summary["resumed_from"]) == 1 and summary["resumed_from"][0] % 5 == 0, (killed_at, summary)
-    assert not (run / checkpoint.CHECKPOINT).exists() and not (run / "run.lock").exists()
-    _assert_same_files(run, uninterrupted)
+    assert summary["status"] == "completed" and summary["steps_done"] == 60, replay
+    assert len(summary["resumed_from"]) == 1 and summary["resumed_from"][0] % 5 == 0, (replay, killed_at, summary)
+    assert not (run / checkpoint.CHECKPOINT).exists() and not (run / "run.lock").exists(), replay
+    _assert_same_files(run, uninterrupted, replay)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
-def test_a_stop_request_checkpoints_at_the_end_of_the_step_and_resumes(tmp_path, uninterrupted, sig):
-    code, err = _start_and_stop(tmp_path, sig, random.Random().randint(8, 50))
+def test_a_stop_request_checkpoints_at_the_end_of_the_step_and_resumes(tmp_path, uninterrupted, sig, kill_row):
+    at_rows, replay = kill_row
+    code, err = _start_and_stop(tmp_path, sig, at_rows)
     run = _run_dir(tmp_path)
     summary = json.loads((run / "summary.json").read_text())
-    assert code != 0 and summary["status"] == "interrupted", err[-2000:]
-    assert summary["interrupted_by"] == signal.Signals(sig).name
+    assert code != 0 and summary["status"] == "interrupted", (replay, err[-2000:])
+    assert summary["interrupted_by"] == signal.Signals(sig).name, replay
     state = checkpoint.load(run, _resolved(run))
-    assert state["step"] == summary["checkpoint_step"]
-    assert _rows(run / "metrics.csv") == state["csv"]["metrics"][0]  # nothing written after it
+    assert state["step"] == summary["checkpoint_step"], replay
+    assert _rows(run / "metrics.csv") == state["csv"]["metrics"][0], replay  # nothing written after it
     cmd, env = _cli(RUN, tmp_path)
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
-    assert json.loads((run / "summary.json").read_text())["resumed_from"] == [state["step"]]
-    _assert_same_files(run, uninterrupted)
+    assert json.loads((run / "summary.json").read_text())["resumed_from"] == [state["step"]], replay
+    _assert_same_files(run, uninterrupted, replay)
 
 
 def _resolved(run):
@@ -196,6 +206,36 @@ def test_the_checkpoint_is_replaced_atomically(tmp_path, monkeypatch):
         checkpoint.save(tmp_path, {"step": 2})
     monkeypatch.undo()
     assert torch.load(tmp_path / checkpoint.CHECKPOINT, weights_only=False)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.CHECKPOINT]  # the half-written temp file is gone
+
+
+def test_a_full_disk_at_a_checkpoint_keeps_the_last_one_and_the_run_resumes(make_cfg, tmp_path, monkeypatch):
+    import errno
+
+    import torch
+
+    cfg = make_cfg("group=postln", "train.checkpoint_every=2", "train.steps=8")
+    reference = trainer.train(cfg, tmp_path / "reference")
+    real, calls = torch.save, []
+
+    def full_disk_on_the_second(obj, f, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the checkpoint of step 4
+            f.write(b"the first bytes")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, f, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", full_disk_on_the_second)
+        with pytest.raises(OSError, match="No space left"):
+            trainer.train(cfg, tmp_path / "run")
+    run = tmp_path / "run"
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    assert torch.load(run / checkpoint.CHECKPOINT, weights_only=False)["step"] == 2
+    assert not list(run.glob(".*.part"))
+    summary = trainer.train(cfg, run)
+    assert summary["resumed_from"] == [2] and summary["final_eval_loss"] == reference["final_eval_loss"]
+    _assert_same_files(run, tmp_path / "reference")
 
 
 def test_a_schedulers_own_handler_runs_after_the_checkpoint(make_cfg, tmp_path, monkeypatch):

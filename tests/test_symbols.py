@@ -1,5 +1,5 @@
 """The symbol tasks (sort, the default, and reverse): targets, the chance loss they share, and
-that the default task is one DeepNorm learns (issue 14)."""
+that the default task is one DeepNorm learns."""
 
 import math
 

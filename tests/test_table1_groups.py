@@ -1,4 +1,5 @@
-"""DeepNet Table 1's other rows (REFERENCE_METHODS.md): init statistics measured on built models
+"""DeepNet Table 1's other rows (docs/methods.md, "Residual placements", "Initialisation rules"):
+init statistics measured on built models
 against each formula, per stack, layer and matrix, at two depths; the identity at init of
 ReZero and Fixup; which groups build norms; the forward pieces of NormFormer, Sub-LN and DLCL."""
 
@@ -109,7 +110,7 @@ def test_deepnorm_torchscale_scales_pytorch_default_weights_and_biases(make_cfg,
 @pytest.mark.parametrize("n, m", DEPTHS)
 def test_admin_closed_form_omega_per_stack(make_cfg, n, m):
     model, constants = _built(make_cfg, "admin_closed_form", n, m)
-    assert admin_closed_form_omega(200) == pytest.approx(6.075, abs=1e-3)  # REFERENCE.md Sec. 2
+    assert admin_closed_form_omega(200) == pytest.approx(6.075, abs=1e-3)  # admin-torch's O(log n) form
     expected = {"encoder": admin_closed_form_omega(2 * n), "decoder": admin_closed_form_omega(3 * m)}
     for stack, *_, res in model.residuals():
         torch.testing.assert_close(res.omega.detach(), torch.full((64,), expected[stack]))

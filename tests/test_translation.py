@@ -389,3 +389,21 @@ def test_multi30k_from_a_server_with_other_files_is_refused_by_name(stabexp_cli,
     _one_line_error(r, "train.de.gz", "SHA-256", "expected 726e39b2")
     assert _tree(cache) == before and not stabexp_cli.outputs.exists()
     assert server.requests == ["train.de.gz"]
+
+
+class _Stammer(_ScriptedDecoder):
+    """Never ends a sentence: always A (3), then B (4) at lower probability; EOS never."""
+
+    def logits(self, hidden):
+        return torch.tensor([[0.0, 0.0, 0.0, 0.7, 0.3]] * len(self.prefixes)).clamp_min(1e-9).log()
+
+
+def test_decoding_stops_each_sentence_at_its_own_limit():
+    # fairseq's max_len_a * source length + max_len_b, per sentence: a hypothesis that never
+    # ends stops at its source's limit, not at the batch's longest.
+    src = torch.tensor([[5, 6, 2, 0, 0, 0, 0, 0, 0], [5, 6, 7, 8, 9, 10, 11, 12, 2]])
+    limits = max_output_len((src != 0).sum(1), 100, a=1.5, b=2)
+    assert limits.tolist() == [6, 15]  # int(1.5 * 3) + 2, int(1.5 * 9) + 2
+    assert [len(h) for h in greedy(_Stammer(), src, 1, 2, 0, limits)] == [6, 15]
+    assert [len(h) for h in beam_search(_Stammer(), src, 1, 2, 0, limits, beam=2)] == [6, 15]
+    assert max_output_len(3, 100, a=1.5, b=2) == 6 and max_output_len(torch.tensor([90]), 50).tolist() == [49]

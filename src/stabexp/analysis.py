@@ -178,7 +178,7 @@ def smd_equilibrium(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
 
 
 def preln_stream_growth(layers: pd.DataFrame) -> pd.DataFrame:
-    """Xiong et al. 2020 (REFERENCE.md Sec. 3): in Pre-LN at init E||x_l||^2 grows linearly in l.
+    """Xiong et al. 2020 (arXiv 2002.04745, Sec. 3): in Pre-LN at init E||x_l||^2 grows linearly in l.
     Per stack of the deepest Pre-LN models: the linear fit of the mean squared LN input norm (the
     residual stream entering each sublayer) on the sublayer position, with R^2."""
     rows = layers[(layers.step == 0) & (layers.group == "preln")].dropna(subset=["ln_input_norm"])
@@ -213,7 +213,9 @@ def encoder_input_change(layers: pd.DataFrame) -> pd.DataFrame:
     """Per run: the change of each encoder sublayer's std-normalised input under Admin's
     perturbation at init, with i = 1..2N its position from the bottom (sublayer i's input is the
     output of i - 1 sublayers; i = 1 is the embedding). The encoder's inputs do not depend on the
-    decoder, so every encoder-decoder run gives one curve (REFERENCE.md Sec. 4)."""
+    decoder, so every encoder-decoder run gives one curve (Liu et al. 2020, Fig. 4, as
+    Transformer-Clinic's `--plot_stability` measures it; docs/methods.md, "Fits and LR
+    sensitivity")."""
     columns = ["run", "group", "model", "depth", "seed", "index", "input_change"]
     if layers.empty or "input_change" not in layers:
         return pd.DataFrame(columns=columns)

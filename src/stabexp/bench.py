@@ -6,7 +6,8 @@ Variants, for each model size and depth (N encoder + N decoder layers, same batc
              batches (--task multi30k) the padding masks of PyTorch's translation tutorial. The
              baseline.
   b:GROUP    stabexp postln / deepnorm / admin with probes off (probe.enabled=false); b:postln
-             is the issue's (b), the other two give each group's own probes-off reference.
+             is the like-for-like comparison with a, the other two give each group's own
+             probes-off reference.
   c:GROUP    the same groups with the default probes: one probe every probe.every=10 steps
              (the one-off dense window of the first 20 steps is not part of the steady state
              measured here: probe.first_steps=0).
@@ -288,7 +289,8 @@ def format_table(report: Dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
+    """The checked arguments of `stabexp bench` (a bad one exits with code 2 and one line)."""
     parser = argparse.ArgumentParser(prog="stabexp bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="tiny,small", help="comma list of tiny, small, base")
     parser.add_argument("--depths", default="6,18,50", help="comma list of layers per stack")
@@ -305,9 +307,7 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
-        v, size, depth, task, dev, window = args.memory_child
-        print(_peak_memory_child(v, size, int(depth), json.loads(task), dev, int(window)))
-        return 0
+        return parser, args
     sizes = [s for s in args.sizes.split(",") if s]
     bad = [s for s in sizes if s not in SIZES]
     if bad:
@@ -321,6 +321,17 @@ def main(argv=None) -> int:
         parser.exit(2, "stabexp bench: error: --steps, --repeats, --batch-size and --max-tokens must be >= 1\n")
     if args.task not in TASKS:
         parser.exit(2, f"stabexp bench: error: --task {args.task} not allowed: choose from {', '.join(TASKS)}\n")
+    args.sizes, args.depths = sizes, depths
+    return parser, args
+
+
+def main(argv=None) -> int:
+    parser, args = parse_args(argv)
+    if args.memory_child:
+        v, size, depth, task, dev, window = args.memory_child
+        print(_peak_memory_child(v, size, int(depth), json.loads(task), dev, int(window)))
+        return 0
+    sizes, depths = args.sizes, args.depths
     out = args.out or outputs_dir() / "bench" / "bench.json"
     try:
         report = run_bench(sizes, depths, args.steps, args.repeats, args.task, args.batch_size, args.max_tokens,

@@ -7,6 +7,8 @@ Ranges that a type cannot express (depth >= 1, lr > 0, ...) are checked by `vali
 
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +17,7 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-
-class ConfigError(ValueError):
-    """A user error in the config: reported as one line, never as a traceback."""
+from stabexp.errors import ConfigError  # noqa: F401  (also stabexp.config.ConfigError)
 
 
 # --- paths ---------------------------------------------------------------------------------
@@ -150,6 +150,8 @@ class TaskConfig:
                                # lm also char (characters)
     bleu_sentences: int = 0    # validation pairs (the first n) translated for valid_bleu; 0: all
     beam: int = 1              # 1: greedy decoding; > 1: beam search of that width
+    max_len_a: float = 1.2     # decoding stops a sentence at max_len_a * source length (EOS
+    max_len_b: int = 10        # included) + max_len_b tokens, as fairseq's --max-len-a/-b
     bleu: bool = True          # false: no valid_bleu and no test translations (losses only),
                                # for runs too short or too big for decoding to mean anything
 
@@ -277,6 +279,17 @@ def _check_known_keys(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> 
             _check_known_keys(child, child_schema, f"{prefix}{key}.")
 
 
+def _check_finite(cfg: DictConfig, prefix: str = "") -> None:
+    # inf and nan pass every `> 0` or `>= 0` check below, and would only show as a run that
+    # "diverges" at step 1: a non-finite number is bad input wherever it appears.
+    for key in cfg.keys():
+        value = cfg.get(key)
+        if isinstance(value, DictConfig):
+            _check_finite(value, f"{prefix}{key}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}{key}={value} is not allowed: it must be a finite number")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError with one line naming the bad value and what is allowed."""
     from stabexp.model.init import INIT_RULES
@@ -284,6 +297,7 @@ def validate(cfg: DictConfig) -> None:
     from stabexp.train.optim import DECAY_ON, OPTIMISERS
 
     _check_known_keys(cfg, _schema())
+    _check_finite(cfg)
     _need(cfg.depth >= 1, "depth", cfg.depth, "must be an integer >= 1")
     if cfg.decoder_depth is not None:
         _need(cfg.decoder_depth >= 1, "decoder_depth", cfg.decoder_depth,
@@ -329,8 +343,9 @@ def validate(cfg: DictConfig) -> None:
               f"one of {', '.join(CORPORA)} (or empty, with task.path)")
         _need(t.src_lang != t.tgt_lang, "task.tgt_lang", t.tgt_lang, "must differ from task.src_lang")
         _need(t.subword in SUBWORDS, "task.subword", t.subword, f"one of {', '.join(SUBWORDS)}")
-        for key in ("max_len", "beam"):
+        for key in ("max_len", "beam", "max_len_b"):
             _need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
+        _need(t.max_len_a >= 0, "task.max_len_a", t.max_len_a, "must be >= 0")
         _need(t.bleu_sentences >= 0, "task.bleu_sentences", t.bleu_sentences, "must be >= 0 (0: all)")
     o = cfg.optim
     _need(o.name in OPTIMISERS, "optim.name", o.name, f"one of {', '.join(OPTIMISERS)}")

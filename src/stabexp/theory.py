@@ -1,7 +1,8 @@
 """Equilibrium of scale-invariant weights under weight decay: the one place for these formulas.
 
-Spherical motion dynamics (Wan et al. 2021) and rotational equilibrium (Kosson et al. 2023),
-as checked in REFERENCE.md Sec. 3. PyTorch conventions: lr eta, weight decay
+Spherical motion dynamics (Wan et al. 2021, arXiv 2006.08419) and rotational equilibrium
+(Kosson et al. 2023, arXiv 2305.17212; epfml/REQ); docs/methods.md, "Spherical motion
+dynamics". PyTorch conventions: lr eta, weight decay
 lambda as `weight_decay` (SGD adds lambda*w to the gradient; AdamW multiplies w by 1 - eta*lambda),
 momentum mu, Adam's beta1.
 

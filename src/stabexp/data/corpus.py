@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List
 
-from stabexp.config import ConfigError
+from stabexp.errors import ConfigError
 
 
 class DataError(ConfigError):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict
 
+from stabexp.atomic import replacing
 from stabexp.data.corpus import DataError, file_digest
 
 
@@ -75,10 +76,10 @@ def fetch(url: str, target: Path, sha256: str, timeout: float = 60.0) -> None:
     it) unless the whole file arrived with the right checksum."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
     digest, received = hashlib.sha256(), 0
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(partial, "wb") as out:
+        # Renamed into place only when the block ends without an error: whole and verified.
+        with urllib.request.urlopen(url, timeout=timeout) as response, replacing(target) as out:
             expected = response.headers.get("Content-Length")
             for chunk in iter(lambda: response.read(1 << 16), b""):
                 out.write(chunk)
@@ -86,12 +87,9 @@ def fetch(url: str, target: Path, sha256: str, timeout: float = 60.0) -> None:
                 received += len(chunk)
             if expected is not None and received != int(expected):
                 raise DataError(f"download of {url} was cut: {received} of {expected} bytes arrived")
-            out.flush()
-            os.fsync(out.fileno())
-        if digest.hexdigest() != sha256:
-            raise DataError(f"{target.name} downloaded from {url} has SHA-256 {digest.hexdigest()}, "
-                            f"expected {sha256}")
-        os.replace(partial, target)
+            if digest.hexdigest() != sha256:
+                raise DataError(f"{target.name} downloaded from {url} has SHA-256 {digest.hexdigest()}, "
+                                f"expected {sha256}")
     except DataError:
         raise
     except urllib.error.HTTPError as err:
@@ -99,5 +97,3 @@ def fetch(url: str, target: Path, sha256: str, timeout: float = 60.0) -> None:
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
         reason = getattr(err, "reason", None) or err
         raise DataError(f"download of {url} failed: {reason}") from None
-    finally:
-        partial.unlink(missing_ok=True)

@@ -37,7 +37,8 @@ from stabexp.data.corpus import DataError, read_lines
 from stabexp.data.download import data_root
 from stabexp.data.streams import SeededStreams
 from stabexp.data.subwords import EOS, UNK, learn_or_load, tokenizer_caches
-from stabexp.data.task import IGNORE, Batch, eval_mode, to_device, token_stats
+from stabexp.data.task import IGNORE, Batch, to_device, token_stats
+from stabexp.modes import eval_mode
 
 ROLES = ("train", "valid", "test")
 BUILTIN = "pydoc_data"  # the name summary.json gives the built-in text

@@ -7,7 +7,8 @@ from typing import Dict, Optional
 
 import torch
 
-from stabexp.data.task import Batch, Task, eval_mode, token_stats
+from stabexp.data.task import Batch, Task, token_stats
+from stabexp.modes import eval_mode
 
 
 class SeededStreams(Task):

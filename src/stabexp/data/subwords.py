@@ -17,11 +17,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Iterable, List, Sequence
 
+from stabexp.atomic import write_atomic
 from stabexp.data.corpus import DataError, file_digest
 
 # Special tokens, fixed ids: padding, begin and end of sentence, unknown.
@@ -93,13 +93,5 @@ def learn_or_load(train_files: Iterable[Path], train_lines: Iterable[str], name:
 
 def _write_atomically(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
-    try:
-        with open(partial, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    write_atomic(path, lambda f: f.write(data))
     return path

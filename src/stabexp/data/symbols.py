@@ -54,8 +54,8 @@ class SymbolTask(SeededStreams):
         """Eval loss and token accuracy of two rules that stop short of the task, reference
         lines beside chance. position_only: each target position's symbol frequencies (from
         `sample` sequences of a stream of their own), ignoring the source; source_counts: every
-        symbol's share of the source at every position, ignoring position (the plateau of
-        issue 14 on reversal). Accuracy takes the most likely symbol, ties to the smallest."""
+        symbol's share of the source at every position, ignoring position (the plateau DeepNorm
+        sits on in reversal). Accuracy takes the most likely symbol, ties to the smallest."""
         src, _, tgt_out = (t.cpu() for t in self.eval_batch())
         held = self._make(sample, torch.Generator().manual_seed(RULE_SEED))[2].cpu()
         counts = F.one_hot(held, self.vocab_size).sum(0).double()              # (T, V)

@@ -8,7 +8,6 @@ batches pads them with `pad_id` on the right; the loss and the probes skip those
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -85,17 +84,6 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
-
-
-@contextmanager
-def eval_mode(model):
-    """The model in eval mode (no dropout) inside the block, as it was after it."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
 
 
 @torch.no_grad()

@@ -20,7 +20,8 @@ from stabexp.data.batching import BatchStream, collate, sources
 from stabexp.data.corpus import DataError, ParallelSplit, read_split
 from stabexp.data.download import CORPORA, data_root, ensure_corpus
 from stabexp.data.subwords import BOS, EOS, PAD, Subwords, learn_or_load, tokenizer_caches
-from stabexp.data.task import Task, eval_mode, token_stats
+from stabexp.data.task import Task, token_stats
+from stabexp.modes import eval_mode
 from stabexp.model.generate import beam_search, greedy, max_output_len
 
 ROLES = ("train", "valid", "test")
@@ -169,7 +170,8 @@ class TranslationTask(Task):
                                     for role, split in self.corpus.splits.items()},
                          "tokenizer": str(self.subwords.path), "subword": c.subword, "vocab_size": self.vocab_size,
                          "max_len": c.max_len, "valid_bleu_sentences": len(self.bleu_indices),
-                         "decoding": "greedy" if c.beam == 1 else f"beam {c.beam}"},
+                         "decoding": "greedy" if c.beam == 1 else f"beam {c.beam}",
+                         "max_len_a": c.max_len_a, "max_len_b": c.max_len_b},
                 "bleu_signature": bleu_signature()}
 
     # --- evaluation -----------------------------------------------------------------------
@@ -185,7 +187,9 @@ class TranslationTask(Task):
         out: List[List[int]] = [[] for _ in src]
         for chunk in by_length([len(s) for s in src], self.cfg.eval_batch_size):
             x = sources([src[i] for i in chunk], EOS, PAD, self.device)
-            limit = max_output_len(x.shape[1], self.max_positions)
+            # Each sentence's own limit, so a degenerate hypothesis ("A A A ...") of a short
+            # source stops early instead of running to the batch's longest limit.
+            limit = max_output_len((x != PAD).sum(1), self.max_positions, self.cfg.max_len_a, self.cfg.max_len_b)
             if self.cfg.beam > 1:
                 ids = beam_search(model, x, BOS, EOS, PAD, limit, self.cfg.beam)
             else:

@@ -1,5 +1,8 @@
-"""Named initialisation rules and the constants they use. REFERENCE.md Sec. 2 and
-REFERENCE_METHODS.md (DS-Init, Fixup, T-Fixup, Sub-LN, torchscale's DeepNorm).
+"""Named initialisation rules and the constants they use: Xavier, DeepNet's Post-LN-init and
+DeepNorm (arXiv 2203.00555; torchscale 0.3.0's variant), Admin (arXiv 2004.08249;
+Transformer-Clinic, admin-torch), DS-Init (arXiv 1908.11365), Fixup (arXiv 1901.09321), T-Fixup
+(Huang et al. 2020) and Sub-LN (arXiv 2210.06423). Formulas, constants and where the authors'
+code differs: docs/methods.md, "Initialisation rules", "DeepNorm constants" and "Admin".
 
 Each rule takes a freshly built Seq2SeqTransformer and a callable giving one training batch
 (only Admin's profiling needs it) and returns the constants it resolved, for summary.json.
@@ -15,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from stabexp.model.transformer import NORM_TYPES, Residual, Seq2SeqTransformer
+from stabexp.modes import train_mode
 
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -131,8 +135,9 @@ def ds_init(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None, expone
 
 @torch.no_grad()
 def ds_init_code(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
-    """DS-Init as the authors' code runs it (bzhangGo/zero, REFERENCE_METHODS Sec. 1 [!]): TF's
-    variance_scaling(gain / l) puts l^-1 on the variance, so the bound shrinks as l^(-1/4)."""
+    """DS-Init as the authors' code runs it (bzhangGo/zero models/transformer.py, which differs
+    from the paper here): TF's variance_scaling(gain * l^(-1/2), fan_avg, uniform) puts l^(-1/2)
+    on the variance, so the bound shrinks as l^(-1/4) (docs/methods.md, "DS-Init")."""
     return ds_init(model, batch, exponent=0.25)
 
 
@@ -209,9 +214,11 @@ def subln(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dict:
 
 
 def deepnorm_torchscale_constants(n_enc: int, n_dec: int) -> Dict[str, Dict[str, float]]:
-    """torchscale 0.3.0's effective DeepNorm constants (REFERENCE_METHODS Sec. 10 [!]): the same
-    alphas, encoder beta 1.15 (N^4 M)^(-1/16) instead of the paper's 0.87 (N^4 M)^(-1/16).
-    A single stack: the paper's constants, which torchscale's (8L)^(1/4) matches."""
+    """torchscale 0.3.0's effective DeepNorm constants (microsoft/torchscale
+    architecture/encoder.py, which differs from the paper here; docs/methods.md, "DeepNorm
+    constants"): the same alphas, encoder beta 1.15 (N^4 M)^(-1/16) instead of the paper's
+    0.87 (N^4 M)^(-1/16). A single stack: the paper's constants, which torchscale's (8L)^(1/4)
+    matches."""
     k = deepnorm_constants(n_enc, n_dec)
     if n_enc and n_dec:
         k["encoder"]["beta"] = 1.15 * (n_enc ** 4 * n_dec) ** (-1 / 16)
@@ -241,12 +248,27 @@ class AdminProfile:
     """Transformer-Clinic's profiling walk over one stack's residual sublayers, bottom-up:
     before sublayer i, omega_i <- ratio; then ratio <- sqrt(Var(omega_i x_i) + Var(G_i(x_i))),
     starting at ratio = 1. Var is over the whole flattened tensor (population variance, as
-    numpy's var in Clinic). Residual.forward calls `step` while the profile is attached."""
+    numpy's var in Clinic). It watches the forward pass through two hooks per sublayer (see
+    model/transformer.py): the sublayer's input x, then its G(x) as added to the stream, which
+    Admin.forward computes before it reads omega."""
 
     def __init__(self, tokens=None):
         self.ratio = 1.0
         self.omegas = []
         self.tokens = tokens  # (B, T) real tokens of the stack's input; None: every position
+
+    def attach(self, res: Residual) -> list:
+        """Hook the profile onto one Admin sublayer; returns the handles to remove."""
+        seen = {}
+
+        def keep_input(module, args):
+            seen["x"] = args[0]
+
+        def step(module, args, g):
+            self.step(res, seen.pop("x"), g)
+
+        branch_output = res.drop if res.drop is not None else res.branch
+        return [res.register_forward_pre_hook(keep_input), branch_output.register_forward_hook(step)]
 
     def step(self, res: Residual, x: torch.Tensor, g: torch.Tensor) -> None:
         res.omega.fill_(self.ratio)
@@ -267,22 +289,19 @@ def admin_profiled(model: Seq2SeqTransformer, batch: Callable[[], Batch]) -> Dic
     xavier(model)
     src, tgt_in, _ = batch()
     profiles = {stack: AdminProfile(tokens) for stack, tokens in model.token_masks(src, tgt_in).items()}
-    for stack, _, _, res in model.residuals():
-        res.admin_profile = profiles[stack]
-    was_training = model.training
-    model.train()
+    handles = [h for stack, _, _, res in model.residuals() for h in profiles[stack].attach(res)]
     try:
-        model(src, tgt_in)
+        with train_mode(model):
+            model(src, tgt_in)
     finally:
-        for *_, res in model.residuals():
-            res.admin_profile = None
-        model.train(was_training)
+        for h in handles:
+            h.remove()
     return {"admin_omega": {stack: p.omegas for stack, p in profiles.items()}}
 
 
 def admin_closed_form_omega(n_sublayers: int) -> float:
     """admin-torch's omega without profiling, O(log n) target: sqrt((n+1)/ln(n+1) - 1) for a
-    stack of n residual sublayers (REFERENCE.md Sec. 2)."""
+    stack of n residual sublayers (microsoft/admin-torch; docs/methods.md, "Admin")."""
     n = n_sublayers
     return math.sqrt((n + 1) / math.log(n + 1) - 1)
 

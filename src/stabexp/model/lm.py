@@ -4,7 +4,7 @@ a meaning for one stack.
 
 The trainer's calls keep their shape, model(src, tgt_in): a single-stack model reads only
 `tgt_in` (the token sequence; the language-modelling task passes an empty src). F(x, theta),
-the probes' features, is the top hidden state before the tied output projection, as for the
+the features the measurements read, is the top hidden state before the tied output projection, as for the
 encoder-decoder. Layers are bottom-up in `decoder` (decoder-only) or `encoder` (encoder-only);
 the other stack is empty, so per-stack init rules see one stack of L layers and use the
 single-stack constants (model/init.py).

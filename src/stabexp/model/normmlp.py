@@ -1,4 +1,4 @@
-"""A small normalised network for the spherical-motion-dynamics study (issue: SMD).
+"""A small normalised network for the spherical-motion-dynamics study (Wan et al. 2021; Kosson et al. 2023).
 
 Each hidden layer is x <- ReLU(LN(W x)) with no bias and an LN without affine parameters, so the
 output of every hidden W is normalised directly: scaling W by c > 0 leaves the network unchanged,
@@ -48,7 +48,7 @@ class NormMLP(nn.Module):
         return self.logits(self.features(x))
 
     def residuals(self) -> Iterator:
-        return iter(())  # no residual sublayers: the per-sublayer probes have nothing to report
+        return iter(())  # no residual sublayers: nothing per sublayer to report
 
     def token_masks(self, x: torch.Tensor, _unused: Optional[torch.Tensor] = None):
         return {}  # fixed-size inputs: no padding, no stacks

@@ -5,18 +5,30 @@ Read top-down: the norms, the branches (attention, FFN) with their optional slot
 placements (one small class each, its formula and citation in its forward), PLACEMENTS (which
 pieces each `residual` style builds), DLCL's dense layer history, the layers, the model.
 Initialisation rules live in model/init.py; this file only builds the shapes and the forward.
-REFERENCE.md Sec. 1 and REFERENCE_METHODS.md give the formulas.
+docs/methods.md, "Residual placements", gives every formula with its paper and the authors' code.
+
+What the studies measure is read from outside, by PyTorch forward hooks on named submodules,
+so that nothing here computes a statistic (the measurements and Admin's profiling in
+model/init.py attach them):
+- each residual sublayer `res` of `residuals()`: its input is the residual stream x;
+- `res.ln`, the norm on the residual stream (placements without one have none): its input is
+  the "LN input" of DeepNet's Fig. 4, LN(x + G) for Post-LN, LN(x) for Pre-LN;
+- `res.branch`, the sublayer's G, and `res.drop` when the sublayer has dropout: the output of
+  the last of the two is G(x) as it is added to the stream;
+- `attn.scores` of each attention, inside `explicit_attention()`: the masked logits
+  q·k/√d_h pass through it. Outside that block attention runs PyTorch's fused kernel.
 
 Padding (real text, `pad_id` set): sequences are padded on the right. The encoder's
 self-attention and the decoder's cross-attention mask the padded source positions; the
 decoder's causal mask already keeps every real target position away from the padding after it.
-Padded positions compute values that nothing reads; losses and probes count real tokens only
+Padded positions compute values that nothing reads; losses and measurements count real tokens only
 (`token_masks`, `feature_mask`).
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -110,30 +122,10 @@ def _qk_norms(c: "TransformerConfig") -> Tuple[Optional[nn.Module], Optional[nn.
     return make_norm(c.norm, d_head), make_norm(c.norm, d_head)
 
 
-class ProbeRecorder:
-    """Where one probe pass leaves what the residual sublayers and attentions see: a plain
-    object shared by all of them (probes/LayerProbe makes it and gives each sublayer its
-    `probe_index`), so switching the pass on is one attribute, not one per module.
-    `ln_input_norm[i]` and `max_attn_logit[i]` belong to residual sublayer i of
-    `model.residuals()`; `tokens[i]` are the real tokens of its stack's input (None: all)."""
-
-    def __init__(self, n_sublayers: int):
-        self.active = False
-        self.tokens: List[Optional[torch.Tensor]] = [None] * n_sublayers
-        self.ln_input_norm: List[Optional[torch.Tensor]] = [None] * n_sublayers
-        self.max_attn_logit: List[Optional[torch.Tensor]] = [None] * n_sublayers
-
-
-def max_attention_logit(q: torch.Tensor, k: torch.Tensor, causal: bool,
-                        key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The largest attention logit q_i.k_j / sqrt(d_h) over batch, heads and the (query, key)
-    pairs the attention may use (Wortsman et al. 2023, Sec. 3.1.1: attention logit growth).
+def attention_logits(q: torch.Tensor, k: torch.Tensor, causal: bool,
+                     key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q.k / sqrt(d_h) per (batch, head, query, key), -inf where the attention may not look.
     q: (B, h, T, d_h), k: (B, h, S, d_h); key_mask (B, 1, 1, S) True where a key is real."""
-    return _masked_logits(q, k, causal, key_mask).amax()
-
-
-def _masked_logits(q, k, causal: bool, key_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """q.k / sqrt(d_h) per (batch, head, query, key), -inf where the attention may not look."""
     logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     hidden = None
     if causal:
@@ -143,28 +135,41 @@ def _masked_logits(q, k, causal: bool, key_mask: Optional[torch.Tensor]) -> torc
     return logits if hidden is None else logits.masked_fill(hidden, float("-inf"))
 
 
-class _Attention(nn.Module):
-    """What both attentions share: the optional per-head q / k norms and the probe pass, which
-    records the largest attention logit (`recorder`, off in normal training)."""
+class _AttentionKernel:
+    explicit = False  # True inside explicit_attention()
 
-    recorder: Optional[ProbeRecorder] = None  # set once by probes/LayerProbe
-    probe_index = -1                          # this attention's residual sublayer there
+
+_KERNEL = _AttentionKernel()
+
+
+@contextmanager
+def explicit_attention():
+    """Inside the block every attention computes softmax(q.k / sqrt(d_h) + mask) v by hand
+    instead of calling the fused kernel, so that its logits pass through `scores`, where a
+    forward hook can read them. The result equals the fused kernel's up to rounding (about
+    1e-7); there is no dropout on this path (it is meant for eval mode)."""
+    previous, _KERNEL.explicit = _KERNEL.explicit, True
+    try:
+        yield
+    finally:
+        _KERNEL.explicit = previous
+
+
+class _Attention(nn.Module):
+    """What both attentions share: the optional per-head q / k norms, and the two ways of
+    computing attention (the fused kernel, or by hand inside `explicit_attention()`)."""
 
     def _setup(self, n_heads: int, dropout: float, qk_norm):
         self.n_heads, self.dropout = n_heads, dropout
         # None rather than identities: a module call per attention costs a deep tiny model time.
         self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
+        self.scores = nn.Identity()  # the logits pass through it on the explicit path only
 
     def _attend(self, q, k, v, mask, causal: bool) -> torch.Tensor:
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        r = self.recorder
-        if r is not None and r.active:
-            # The probe pass (eval mode, no dropout) attends by hand: the logits it needs anyway
-            # give the largest one, where the fused kernel would hide them.
-            logits = _masked_logits(q, k, causal, mask)
-            r.max_attn_logit[self.probe_index] = logits.amax()
-            return logits.softmax(-1) @ v
+        if _KERNEL.explicit:
+            return self.scores(attention_logits(q, k, causal, mask)).softmax(-1) @ v
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               dropout_p=self.dropout if self.training else 0.0)
 
@@ -261,33 +266,21 @@ class FeedForward(nn.Module):
 
 class Residual(nn.Module):
     """One residual sublayer x <- combine(x, G(x)), G = `branch`. Each subclass below is one
-    placement of the studies; its forward is the paper's formula.
-
-    `ln_input_norm` (DeepNet Fig. 3(b,c)) is the mean L2 norm, over (real) tokens, of the input
-    of the norm that sits on the residual stream: LN(x + G) for Post-LN, LN(x) for Pre-LN and
-    its relatives. A placement without one leaves it None, written as an empty cell."""
+    placement of the studies; its forward is the paper's formula. A placement with a norm on
+    the residual stream names it `ln` (the module docstring says why the names matter)."""
 
     has_norm = True  # False: the placement has no normalisation at all
-    recorder: Optional[ProbeRecorder] = None  # the probe pass (probes/LayerProbe), set once
-    probe_index = -1                          # this sublayer's slot there
 
     def __init__(self, branch: nn.Module, c: TransformerConfig, stack: str, shared: Dict[str, nn.Parameter]):
         super().__init__()
-        self.branch, self.dropout = branch, c.dropout
+        self.branch = branch
+        self.drop = nn.Dropout(c.dropout) if c.dropout > 0 else None
 
     def _g(self, x: torch.Tensor, *context: torch.Tensor) -> torch.Tensor:
         return self._drop(self.branch(x, *context))
 
     def _drop(self, g: torch.Tensor) -> torch.Tensor:
-        return F.dropout(g, self.dropout, self.training) if self.dropout > 0 else g
-
-    def _stream(self, x: torch.Tensor) -> torch.Tensor:
-        """The input of the residual stream's norm, recorded for the probes when asked."""
-        r = self.recorder
-        if r is not None and r.active:
-            i = self.probe_index
-            r.ln_input_norm[i] = token_mean(torch.linalg.vector_norm(x.detach(), dim=-1), r.tokens[i])
-        return x
+        return self.drop(g) if self.drop is not None else g
 
 
 class PostLN(Residual):
@@ -296,7 +289,7 @@ class PostLN(Residual):
         self.ln = make_norm(c.norm, c.d_model)
 
     def forward(self, x, *context):
-        return self.ln(self._stream(x + self._g(x, *context)))     # Vaswani et al. 2017
+        return self.ln(x + self._g(x, *context))                   # Vaswani et al. 2017
 
 
 class PreLN(Residual):
@@ -305,7 +298,7 @@ class PreLN(Residual):
         self.ln = make_norm(c.norm, c.d_model)
 
     def forward(self, x, *context):
-        return x + self._g(self.ln(self._stream(x)), *context)     # Xiong et al. 2020
+        return x + self._g(self.ln(x), *context)                   # Xiong et al. 2020
 
 
 class DeepNorm(Residual):
@@ -315,7 +308,7 @@ class DeepNorm(Residual):
         self.alpha = c.encoder_alpha if stack == "encoder" else c.decoder_alpha
 
     def forward(self, x, *context):
-        return self.ln(self._stream(self.alpha * x + self._g(x, *context)))  # DeepNet Sec. 2.3
+        return self.ln(self.alpha * x + self._g(x, *context))      # DeepNet Sec. 2.3
 
 
 class Admin(Residual):
@@ -325,13 +318,11 @@ class Admin(Residual):
         # A learnable per-dimension residual scale, set before training by init.py (profiled or
         # closed form).
         self.omega = nn.Parameter(torch.ones(c.d_model))
-        self.admin_profile = None
 
     def forward(self, x, *context):
+        # G(x) first: Admin's profiling (model/init.py) sets omega when it sees G(x).
         g = self._g(x, *context)
-        if self.admin_profile is not None:
-            self.admin_profile.step(self, x, g)
-        return self.ln(self._stream(self.omega * x + g))           # Admin (Liu et al. 2020) eq. 7
+        return self.ln(self.omega * x + g)                         # Admin (Liu et al. 2020), Sec. 4
 
 
 def _layer_rezero_alpha(shared: Dict[str, nn.Parameter]) -> nn.Parameter:
@@ -361,7 +352,7 @@ class ReZeroPostLN(Residual):
         self.alpha = _layer_rezero_alpha(shared)
 
     def forward(self, x, *context):
-        return self.ln(self._stream(x + self.alpha * self._g(x, *context)))  # Clinic's rezero_postln
+        return self.ln(x + self.alpha * self._g(x, *context))      # Clinic's rezero_postln
 
 
 class Fixup(Residual):
@@ -392,7 +383,7 @@ class Sandwich(Residual):
     def forward(self, x, *context):
         # Sandwich-LN (CogView, Ding et al. 2021): Pre-LN plus an LN on the branch output;
         # NormFormer's "Post-Attn LN" has the same shape.
-        return x + self._drop(self.ln_out(self.branch(self.ln(self._stream(x)), *context)))
+        return x + self._drop(self.ln_out(self.branch(self.ln(x), *context)))
 
 
 @dataclass(frozen=True)
@@ -451,7 +442,8 @@ PLACEMENTS: Dict[str, Placement] = {
     # fairseq. No ResScale (optional in the paper).
     "normformer": Placement(PreLN, self_attn=Sandwich, attn_inner=_head_scale, ffn_inner=_ffn_norm,
                             final=_final_norm),
-    # ... with fairseq's HeadScale after W_O (REFERENCE_METHODS Sec. 6 [!]).
+    # ... with fairseq's HeadScale after W_O (facebookresearch/fairseq transformer_layer.py, where
+    # the code differs from the paper; docs/methods.md, "Residual placements").
     "normformer_fairseq": Placement(PreLN, self_attn=Sandwich, attn_post=_head_scale, ffn_inner=_ffn_norm,
                                     final=_final_norm),
     # Sub-LN (Magneto, Wang et al. 2022): Pre-LN plus an LN before W_O of the self-attention
@@ -561,8 +553,7 @@ class TokenModel(nn.Module):
         return self.logits(self.features(src, tgt_in))
 
     def attentions(self) -> Iterator[Optional[nn.Module]]:
-        """The attention of each residual sublayer in `residuals()` order (None for an FFN):
-        where the probes read the largest attention logit."""
+        """The attention of each residual sublayer in `residuals()` order (None for an FFN)."""
         for *_, res in self.residuals():
             yield res.branch if isinstance(res.branch, _Attention) else None
 

@@ -1,14 +1,14 @@
-"""Read every run folder under outputs/ into tidy tables, one row per run and step.
+"""Read run folders into tidy tables: one row per run, per run and step, per run, step and
+sublayer. `make plots`, `stabexp report` and the Python API (stabexp.api) all read runs here.
 
-A run folder is any folder holding summary.json; its id is its path relative to outputs/.
+A run folder is any folder holding summary.json; its id (`run`) is its path relative to the
+folder collected (to its parent when that folder is itself a run).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict
-
 import pandas as pd
 
 # Identify a run in every table; `sweep` is the folder that holds the run folder.
@@ -20,23 +20,35 @@ DATA_REFERENCES = ("unigram_eval_loss", "source_counts_eval_loss", "source_count
                    "position_only_eval_loss", "position_only_eval_acc")
 
 
+class Tables(dict):
+    """{"runs", "metrics", "layers"} -> DataFrame, also read as attributes (`tables.runs`)."""
+
+    def __getattr__(self, name: str) -> pd.DataFrame:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 def find_runs(outputs: Path):
     return sorted(p.parent for p in Path(outputs).rglob("summary.json")
                   if "collected" not in p.parts and "figures" not in p.parts)
 
 
-def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
-    """{"runs": one row per run, "metrics": per run and step, "layers": per run, step, sublayer}."""
+def collect(outputs: Path) -> Tables:
+    """{"runs": one row per run, "metrics": per run and step, "layers": per run, step, sublayer}
+    of every run folder under `outputs` (or of `outputs` itself when it is a run folder)."""
     outputs = Path(outputs)
+    root = outputs.parent if (outputs / "summary.json").is_file() else outputs
     runs, metrics, layers = [], [], []
     for folder in find_runs(outputs):
         try:
             summary = json.loads((folder / "summary.json").read_text())
         except json.JSONDecodeError:
             continue
-        run_id = str(folder.relative_to(outputs))
+        run_id = str(folder.relative_to(root))
         overrides = _overrides(folder)
-        info = {"run": run_id, "sweep": str(folder.parent.relative_to(outputs)),
+        info = {"run": run_id, "sweep": str(folder.parent.relative_to(root)),
                  **{k: summary.get(k) for k in RUN_COLUMNS[2:]}}
         info["scale"] = info["scale"] or "default"
         optim, predicted = summary.get("optim") or {}, summary.get("theory") or {}
@@ -61,11 +73,11 @@ def collect(outputs: Path) -> Dict[str, pd.DataFrame]:
                 for key, value in reversed(list(info.items())):
                     frame.insert(0, key, value)
                 sink.append(frame)
-    return {
-        "runs": pd.DataFrame(runs),
-        "metrics": pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(),
-        "layers": pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(),
-    }
+    return Tables(
+        runs=pd.DataFrame(runs),
+        metrics=pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(),
+        layers=pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(),
+    )
 
 
 def _overrides(folder: Path):

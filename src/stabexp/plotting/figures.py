@@ -15,6 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from stabexp.plotting.collect import Tables  # noqa: E402
+
 # The first six keep the colours of the figures made before the other Table 1 rows arrived.
 GROUP_ORDER = ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin",
                "ds_init", "admin_closed_form", "rezero", "rezero_postln", "fixup", "t_fixup",
@@ -96,9 +98,9 @@ def update_vs_depth(metrics: pd.DataFrame, extra: Optional[Callable] = None, las
 TABLES = ("runs", "metrics", "layers")
 
 
-def read_collected(collected: Path) -> dict:
-    """{name: DataFrame} for runs, metrics and layers (empty frames where a table is empty)."""
-    out = {}
+def read_collected(collected: Path) -> Tables:
+    """The tables `make plots` wrote (runs, metrics, layers; empty frames where one is empty)."""
+    out = Tables()
     for name in TABLES:
         path = Path(collected) / f"{name}.csv"
         out[name] = (pd.read_csv(path, low_memory=False) if path.exists() and path.stat().st_size > 1
@@ -120,13 +122,13 @@ def preset_task(experiment: str) -> str:
     return cfg.task.name
 
 
-def preset_tables(tables: dict, experiment: str) -> dict:
+def preset_tables(tables: dict, experiment: str) -> Tables:
     """The rows of one preset's runs: those at the default scale when there are any, else the
     quick ones, so a quick pass never mixes into the default-scale figures; and of one task:
     the preset's own where runs on other tasks (`experiment=NAME task=reverse`) lie beside it."""
     runs = tables["runs"]
     if runs.empty or "experiment" not in runs:
-        return {name: frame.iloc[0:0] for name, frame in tables.items()}
+        return Tables({name: frame.iloc[0:0] for name, frame in tables.items()})
     runs = runs[runs.experiment == experiment]
     if (runs.scale == "default").any():
         runs = runs[runs.scale == "default"]
@@ -134,8 +136,8 @@ def preset_tables(tables: dict, experiment: str) -> dict:
         own = runs[runs.task == preset_task(experiment)]
         runs = own if not own.empty else runs[runs.task == sorted(runs.task.dropna())[0]]
     keep = set(runs.run)
-    return {name: (frame[frame.run.isin(keep)] if not frame.empty else frame)
-            for name, frame in tables.items()}
+    return Tables({name: (frame[frame.run.isin(keep)] if not frame.empty else frame)
+                   for name, frame in tables.items()})
 
 
 def skip_message(figure: str, experiment: str) -> str:
@@ -157,6 +159,12 @@ def run_order(runs: pd.DataFrame):
     return list(first.assign(k=first.group.map(rank)).sort_values(["k", "run"]).run)
 
 
+# Set by `make plots` (scripts/make_plots.py) to a list: each figure script then appends
+# (figure, preset, drawn) to it instead of printing a line per skipped figure, and make_plots
+# sums them up in one line. None: a script run on its own prints its own line.
+outcomes: Optional[list] = None
+
+
 def figure_main(name: str, experiment: str, draw: Callable[[dict], Optional[object]],
                 argv=None) -> int:
     """Body of a figure script: read outputs/collected (or the folder given as the one
@@ -167,8 +175,11 @@ def figure_main(name: str, experiment: str, draw: Callable[[dict], Optional[obje
     outputs = Path(argv[0]) if argv else outputs_dir()
     tables = preset_tables(read_collected(outputs / "collected"), experiment)
     fig = draw(tables) if not tables["runs"].empty else None
+    if outcomes is not None:
+        outcomes.append((name, experiment, fig is not None))
     if fig is None:
-        print(skip_message(name, experiment))
+        if outcomes is None:
+            print(skip_message(name, experiment))
         return 0
     save(fig, outputs / "figures" / name)
     print(f"wrote {outputs / 'figures' / name}.png and .pdf ({len(tables['runs'])} runs of {experiment}"

@@ -1,23 +1,53 @@
 """Probes: what the studies measure, computed on device with one host sync per probe.
 
-- model_update: DeepNet Sec. 3 / Fig. 3(a), ||F(x, theta_i) - F(x, theta_0)||.
-- per-sublayer gradient norms: DeepNet Fig. 3(d) / Fig. 2.
-- ln_input_norm: DeepNet Fig. 3(b,c), the mean L2 norm of each LayerNorm's input.
+- model_update: DeepNet (arXiv v1) Sec. 3 / Fig. 4, ||F(x, theta_i) - F(x, theta_0)||.
+- per-sublayer gradient norms: DeepNet Fig. 4, the gradient per layer.
+- ln_input_norm: DeepNet Fig. 4, the mean L2 norm of the input of each LayerNorm on the
+  residual stream.
 - The small-scale instability proxies of Wortsman et al. 2023 (arXiv 2309.14322): the largest
-  attention logit per attention sublayer (Sec. 3.1.1; computed by the model's attention,
-  model/transformer.py max_attention_logit), the mean and max of the output log Z (Sec. 3.1.2,
-  `log_z_stats`) and each sublayer's update RMS relative to its weights' RMS
-  (`LayerProbe.relative_updates`; the paper follows the update RMS per layer).
+  attention logit per attention sublayer (Sec. 3.1.1, `max_attention_logit`), the mean and max
+  of the output log Z (Sec. 3.1.2, `log_z_stats`) and each sublayer's update RMS relative to
+  its weights' RMS (`LayerProbe.relative_updates`; the paper follows the update RMS per layer).
+
+Probes observe the model one way only: PyTorch forward hooks on the submodules that
+model/transformer.py names for it (the residual sublayers, their stream norm `ln`, their
+branch, each attention's `scores` inside `explicit_attention()`), attached for one pass and
+removed after it (`hooked`), so training runs the model without any.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
+import torch.nn as nn
 
-from stabexp.model.transformer import ProbeRecorder, Seq2SeqTransformer, token_mean
+from stabexp.model.transformer import Seq2SeqTransformer, attention_logits, explicit_attention, token_mean
+from stabexp.modes import eval_mode
 from stabexp.train.losses import log_z
+
+
+@contextmanager
+def hooked(hooks: Iterable[Tuple[nn.Module, str, Callable]]):
+    """Attach (module, "pre" | "post", fn) forward hooks for the block, remove them after it."""
+    handles = []
+    try:
+        for module, when, fn in hooks:
+            register = module.register_forward_pre_hook if when == "pre" else module.register_forward_hook
+            handles.append(register(fn))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def max_attention_logit(q: torch.Tensor, k: torch.Tensor, causal: bool,
+                        key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The largest attention logit q_i.k_j / sqrt(d_h) over batch, heads and the (query, key)
+    pairs the attention may use (Wortsman et al. 2023, Sec. 3.1.1: attention logit growth).
+    q: (B, h, T, d_h), k: (B, h, S, d_h); key_mask (B, 1, 1, S) True where a key is real."""
+    return attention_logits(q, k, causal, key_mask).amax()
 
 
 def model_update(features: torch.Tensor, features_init: torch.Tensor,
@@ -63,14 +93,6 @@ class LayerProbe:
         self.owner = torch.tensor(owner, dtype=torch.long, device=self.params[0].device)
         # The attention of each sublayer (None: an FFN, or a model without attention).
         self.attentions = list(model.attentions()) if hasattr(model, "attentions") else [None] * len(self.keys)
-        # One recorder per model, shared by every LayerProbe made on it (at_init.py makes its own).
-        self.recorder = getattr(model, "probe_recorder", None)
-        if self.recorder is None:
-            self.recorder = model.probe_recorder = ProbeRecorder(len(self.keys))
-            for i, (res, attn) in enumerate(zip(self.residuals, self.attentions)):
-                res.recorder, res.probe_index = self.recorder, i
-                if attn is not None:
-                    attn.recorder, attn.probe_index = self.recorder, i
         # The relative update runs over the sublayers' weight matrices: on a CPU the cost of a
         # _foreach op is per tensor, and biases, norms and scalars are two thirds of them.
         self.matrices = [(i, p) for p, i in zip(self.params, owner) if p.dim() >= 2 and i < len(self.keys)]
@@ -126,34 +148,35 @@ class LayerProbe:
     def probe_pass(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """F(x, theta) in eval mode (no dropout), plus, on the same pass, each sublayer's
         ln_input_norm (over the real tokens of its stack's input) and its largest attention
-        logit (NaN for an FFN). Its attention is computed by hand (model/transformer.py
-        _Attention), so F here and the fused kernel's F differ by rounding (about 1e-7)."""
-        r, n = self.recorder, len(self.keys)
+        logit (NaN for an FFN). Attention runs by hand here (`explicit_attention`), so F here
+        and the fused kernel's F differ by rounding (about 1e-7)."""
+        n = len(self.keys)
         tokens = self.model.token_masks(src, tgt_in)
-        r.tokens = [tokens.get(stack) for stack in self.stacks]
-        r.ln_input_norm, r.max_attn_logit = [None] * n, [None] * n
-        # Eval mode only matters with dropout; toggling every module costs more than the
-        # probe's own arithmetic in a deep tiny model, so skip it when nothing would change.
-        toggle = self.model.training and getattr(self.model.config, "dropout", 0) > 0
-        if toggle:
-            self.model.eval()
-        r.active = True
-        try:
+        ln_norms: List[Optional[torch.Tensor]] = [None] * n
+        max_logits: List[Optional[torch.Tensor]] = [None] * n
+
+        def ln_input(i: int, real: Optional[torch.Tensor]):
+            def hook(module, args):
+                ln_norms[i] = token_mean(torch.linalg.vector_norm(args[0].detach(), dim=-1), real)
+            return hook
+
+        def largest_logit(i: int):
+            def hook(module, args, logits):
+                max_logits[i] = logits.amax()
+            return hook
+
+        hooks = [(res.ln, "pre", ln_input(i, tokens.get(stack)))
+                 for i, (res, stack) in enumerate(zip(self.residuals, self.stacks)) if hasattr(res, "ln")]
+        hooks += [(attn.scores, "post", largest_logit(i)) for i, attn in enumerate(self.attentions) if attn is not None]
+        with eval_mode(self.model, only_if_dropout=True), explicit_attention(), hooked(hooks):
             feats = self.model.features(src, tgt_in)
-        finally:
-            r.active = False
-            if toggle:
-                self.model.train()
+        if not n:
+            return feats, feats.new_zeros(0), feats.new_zeros(0)
         # NaN (an empty cell) where a placement has no norm on the stream (ReZero, Fixup,
         # T-Fixup), and for the attention logit of an FFN.
         nan = feats.new_full((), float("nan"))
-        if not n:
-            return feats, feats.new_zeros(0), feats.new_zeros(0)
-        ln_norms = torch.stack([v if v is not None else nan for v in r.ln_input_norm])
-        max_logits = torch.stack([v if v is not None else nan for v in r.max_attn_logit])
-        r.tokens = [None] * n
-        r.ln_input_norm, r.max_attn_logit = [None] * n, [None] * n
-        return feats, ln_norms, max_logits
+        return (feats, torch.stack([v if v is not None else nan for v in ln_norms]),
+                torch.stack([v if v is not None else nan for v in max_logits]))
 
 
 def rows_for_layers(step: int, keys, grad_norms: List[float], ln_norms: List[float],

@@ -1,7 +1,7 @@
 """Probes on a model at initialisation, without training: reusable by any run or preset.
 
 - output_change: Admin's Theorem 2 protocol (Liu et al. 2020, arXiv 2004.08249, Sec. 3;
-  Transformer-Clinic's `plot_stability`). REFERENCE.md Sec. 3.
+  LiyuanLucasLiu/Transformer-Clinic's `--plot_stability`); docs/methods.md, "Probes".
 - grad_at_init: one backward pass at theta_0, per-sublayer gradient norms and the FFN output
   projection W_2's (Xiong et al. 2020, arXiv 2002.04745, Sec. 3: the last W_2 gradient is
   depth-independent for Post-LN and shrinks like 1/sqrt(L) for Pre-LN).
@@ -16,7 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stabexp.model.transformer import Seq2SeqTransformer, token_mean
-from stabexp.probes import LayerProbe
+from stabexp.modes import eval_mode
+from stabexp.probes import LayerProbe, hooked
 
 PERTURBATION = 1e-4  # Admin / Clinic: delta = 1e-4 * sign(N(0, 1))
 
@@ -51,22 +52,17 @@ def output_change(model: Seq2SeqTransformer, src: torch.Tensor, tgt_in: torch.Te
         x = args[0]
         inputs.append(x / x.std(dim=-1, keepdim=True))
 
-    hooks = [res.register_forward_pre_hook(keep) for *_, res in model.residuals()]
-    was_training = model.training
-    model.eval()
     params = perturbed_parameters(model)
     originals = [p.detach().clone() for p in params]
     try:
-        clean = model.features(src, tgt_in)
-        clean_inputs, inputs[:] = list(inputs), []
-        deltas = [scale * torch.randn(p.shape, generator=generator).sign().to(p) for p in params]
-        torch._foreach_add_(params, deltas)
-        noisy = model.features(src, tgt_in)
+        with eval_mode(model), hooked((res, "pre", keep) for *_, res in model.residuals()):
+            clean = model.features(src, tgt_in)
+            clean_inputs, inputs[:] = list(inputs), []
+            deltas = [scale * torch.randn(p.shape, generator=generator).sign().to(p) for p in params]
+            torch._foreach_add_(params, deltas)
+            noisy = model.features(src, tgt_in)
     finally:
         torch._foreach_copy_(params, originals)
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
     per_sublayer = torch.stack([_per_token_sq_change(a, b, masks[stack])
                                 for a, b, stack in zip(inputs, clean_inputs, stacks)])
     values = torch.cat([_per_token_sq_change(noisy, clean, model.feature_mask(src, tgt_in))[None],

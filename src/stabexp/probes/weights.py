@@ -1,4 +1,5 @@
-"""Weight-norm dynamics of every weight matrix (spherical motion dynamics, REFERENCE.md Sec. 3).
+"""Weight-norm dynamics of every weight matrix (spherical motion dynamics, Wan et al. 2021;
+rotational equilibrium, Kosson et al. 2023; docs/methods.md, "Probes").
 
 - weight_norm ||w_t||;
 - angular_update Delta_t = arccos(<w_t, w_{t+1}> / (||w_t|| ||w_{t+1}||)), computed without the
@@ -16,6 +17,8 @@ from typing import Callable, Iterator, List, Tuple
 
 import torch
 import torch.nn as nn
+
+from stabexp.modes import eval_mode
 
 Key = Tuple[str, int, str, str]  # (stack, layer, sublayer, param)
 
@@ -87,14 +90,12 @@ def scale_invariance(model: nn.Module, forward: Callable[[], torch.Tensor], fact
     """For each weight matrix (WeightProbe order): is the output unchanged when the weight alone
     is multiplied by `factor`? Multiplying and dividing by 2 is exact in floating point, so the
     model is restored bit for bit. Costs one forward pass per matrix: run once, at init."""
-    was_training = model.training
-    model.eval()
-    base = forward()
-    tol = rtol * base.abs().max().clamp_min(1e-12)
-    flags = []
-    for *_, w in weight_matrices(model):
-        w.mul_(factor)
-        flags.append(bool(((forward() - base).abs().max() <= tol).item()))
-        w.div_(factor)
-    model.train(was_training)
+    with eval_mode(model):
+        base = forward()
+        tol = rtol * base.abs().max().clamp_min(1e-12)
+        flags = []
+        for *_, w in weight_matrices(model):
+            w.mul_(factor)
+            flags.append(bool(((forward() - base).abs().max() <= tol).item()))
+            w.div_(factor)
     return flags

@@ -19,8 +19,8 @@ from typing import Dict, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from stabexp.config import ConfigError
-from stabexp.train.files import write_atomic
+from stabexp.errors import ConfigError
+from stabexp.atomic import write_atomic
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 1  # bumped when what a checkpoint holds changes
@@ -70,5 +70,6 @@ def load(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
 
 
 def remove(out_dir: Path) -> None:
-    for name in (CHECKPOINT, CHECKPOINT + ".tmp"):
-        (Path(out_dir) / name).unlink(missing_ok=True)
+    (Path(out_dir) / CHECKPOINT).unlink(missing_ok=True)
+    for partial in Path(out_dir).glob(f".{CHECKPOINT}.*.part"):  # left by a process killed mid-write
+        partial.unlink(missing_ok=True)

@@ -14,29 +14,10 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
+from stabexp.atomic import write_atomic
+
 SUMMARY = "summary.json"
 LOCK = "run.lock"
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename inside `folder` durable (POSIX: the directory entry is data of its own)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, write) -> None:
-    """Call write(file) on a temp file beside `path`, fsync it, then rename it over `path`."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def write_json(path: Path, data: Dict) -> None:

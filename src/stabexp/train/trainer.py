@@ -47,6 +47,7 @@ from stabexp import theory
 from stabexp.config import ConfigError, validate
 from stabexp.data import Task, make_task
 from stabexp.model import build_model, initialise
+from stabexp.modes import eval_mode
 from stabexp.probes import LayerProbe, log_z_stats, model_update, rows_for_layers
 from stabexp.probes.at_init import grad_at_init, mean_of, output_change
 from stabexp.probes.weights import WeightProbe, scale_invariance
@@ -236,8 +237,8 @@ class Run:
             if self.probe is not None:
                 # The same pass as every later F(x, theta_i) (LayerProbe.probe_pass), so that
                 # the update at step 0 is exactly 0.
-                model.eval()
-                self.features_init = self.probe.probe_pass(self.probe_src, self.probe_tgt_in)[0].clone()
+                with eval_mode(model):
+                    self.features_init = self.probe.probe_pass(self.probe_src, self.probe_tgt_in)[0].clone()
             model.train()
             self.record(0, None, None, None, at_init=self.probe_at_init() if cfg.probe.at_init else None)
         else:

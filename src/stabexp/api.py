@@ -1,0 +1,148 @@
+"""Python API for notebooks: runs and sweeps as pandas DataFrames.
+
+These are the readers `stabexp report` and `make plots` use, so a notebook sees the same tables:
+
+    from stabexp import api
+    sweep = api.load_sweep("outputs/multirun/experiment=deepnet_early")
+    sweep.runs                       # one row per run: group, depth, seed, status, final losses, ...
+    sweep.metrics                    # one row per run and step (metrics.csv of every run)
+    sweep.layers                     # one row per run, step and sublayer (layers.csv)
+    run = api.load_run(sweep.runs.run[0], root=sweep.folder)
+    run.summary["constants"], run.config["train"]["lr"], run.metrics.model_update
+    print(api.report(sweep.folder))  # the markdown `stabexp report` prints
+
+The columns are documented in docs/outputs.md; the fits (output change against depth, W_2
+gradient slopes, the SMD equilibrium, LR sensitivity) are those of stabexp.analysis, re-exported
+here. docs/api.md has a worked example.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Union
+
+import pandas as pd
+
+from stabexp.analysis import (  # noqa: F401  (re-exported: the fits the report and figures use)
+    clinic_fits,
+    clinic_ratio,
+    encoder_input_change,
+    last_w2_grad,
+    lr_sensitivity,
+    lr_sensitivity_table,
+    output_change_fits,
+    output_change_table,
+    preln_stream_growth,
+    smd_equilibrium,
+    w2_grad_slopes,
+)
+from stabexp.config import outputs_dir
+from stabexp.plotting.collect import Tables, collect
+from stabexp.plotting.figures import preset_tables, read_collected
+
+PathLike = Union[str, Path]
+
+__all__ = ["Run", "Sweep", "load_run", "load_sweep", "load_outputs", "load_collected", "preset",
+           "report", "clinic_fits", "clinic_ratio", "encoder_input_change", "last_w2_grad",
+           "lr_sensitivity", "lr_sensitivity_table", "output_change_fits", "output_change_table",
+           "preln_stream_growth", "smd_equilibrium", "w2_grad_slopes"]
+
+
+@dataclass
+class Run:
+    """One run folder: what it wrote, read as Python objects."""
+
+    folder: Path
+    summary: dict                   # summary.json: status, final losses, constants, data, ...
+    config: dict                    # config.yaml: the resolved config the run trained with
+    metrics: pd.DataFrame           # metrics.csv as written: one row per recorded step
+    layers: pd.DataFrame            # layers.csv as written: one row per step and sublayer (or weight)
+    tables: Tables = field(repr=False, default_factory=Tables)  # the run as a sweep of one (runs, ...)
+
+    @property
+    def status(self) -> str:
+        return self.summary.get("status", "unknown")
+
+
+class Sweep(Tables):
+    """The tables of every run under a folder (a sweep, or a whole outputs tree): `runs`,
+    `metrics`, `layers`, and the `folder` they were read from."""
+
+    def __init__(self, tables: Tables, folder: Path):
+        super().__init__(tables)
+        self.folder = folder
+
+    def run(self, name: str) -> Run:
+        """The run whose `run` id (as in the tables) is `name`."""
+        return load_run(name, root=self.folder)
+
+
+def _folder(path: PathLike, root: Optional[PathLike] = None) -> Path:
+    folder = Path(path).expanduser()
+    if root is not None and not folder.is_absolute():
+        folder = Path(root).expanduser() / folder
+    return folder
+
+
+def load_run(path: PathLike, root: Optional[PathLike] = None) -> Run:
+    """One run folder (the folder holding summary.json); `root` resolves a relative id such as
+    the `run` column of a sweep's tables."""
+    folder = _folder(path, root)
+    summary_file = folder / "summary.json"
+    if not summary_file.is_file():
+        raise FileNotFoundError(f"{folder} is not a run folder: it holds no summary.json")
+    summary = json.loads(summary_file.read_text())
+    config = {}
+    if (folder / "config.yaml").is_file():
+        from omegaconf import OmegaConf
+
+        config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
+    return Run(folder=folder, summary=summary, config=config, metrics=_csv(folder / "metrics.csv"),
+               layers=_csv(folder / "layers.csv"), tables=collect(folder))
+
+
+def _csv(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path) if path.is_file() and path.stat().st_size > 0 else pd.DataFrame()
+
+
+def load_sweep(path: Optional[PathLike] = None) -> Sweep:
+    """Every run under a sweep folder (default: the newest under outputs/multirun, as
+    `stabexp report` picks it), as tables of runs, metrics and layers; `run` ids are relative to
+    the folder."""
+    if path is None:
+        from stabexp.report import latest_sweep
+
+        path = latest_sweep()
+        if path is None:
+            raise FileNotFoundError(f"no sweep under {outputs_dir() / 'multirun'}")
+    folder = _folder(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no folder {folder}")
+    return Sweep(collect(folder), folder)
+
+
+def load_outputs(path: Optional[PathLike] = None) -> Sweep:
+    """Every run under the outputs folder (default: the one `stabexp run` writes to), read from
+    the run folders, as `make plots` collects them."""
+    return load_sweep(outputs_dir() if path is None else path)
+
+
+def load_collected(path: Optional[PathLike] = None) -> Sweep:
+    """The tables the last `make plots` wrote under OUTPUTS/collected (what the figures read)."""
+    folder = outputs_dir() if path is None else _folder(path)
+    return Sweep(read_collected(folder / "collected"), folder)
+
+
+def preset(tables: Tables, experiment: str) -> Tables:
+    """The rows of one preset's runs, chosen as its figures choose them: the default scale when
+    there are runs at it, else the quick ones; the preset's own task."""
+    return preset_tables(tables, experiment)
+
+
+def report(path: Optional[PathLike] = None) -> str:
+    """The markdown `stabexp report [SWEEP_DIR]` prints."""
+    from stabexp.report import sweep_table
+
+    return sweep_table(load_sweep(path).folder)

@@ -1,0 +1,48 @@
+"""The one way stabexp replaces a file: write a temp file beside it, fsync it, rename it over the
+target, fsync the folder. A kill or a full disk at any moment leaves the old file or the new
+one, never half of one; a failed write removes its temp file. The temp name carries the
+process id, so processes that write the same file at once (the jobs of a sweep learning one
+tokenizer) never write into each other's temp file, and the last rename wins whole."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename inside `folder` durable (POSIX: the directory entry is data of its own)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.part")
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[BinaryIO]:
+    """A binary file to write `path`'s new contents into: renamed over `path` when the block
+    ends normally, removed (with `path` left as it was) when it raises."""
+    path = Path(path)
+    partial = temp_name(path)
+    try:
+        with open(partial, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+        fsync_dir(path.parent)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call write(file) on a temp file beside `path`, then rename it over `path`."""
+    with replacing(path) as f:
+        write(f)

@@ -1,0 +1,172 @@
+"""The README and docs/ as a user reads them: every `stabexp` command they show runs as written
+(each `stabexp run` line passes the checks `stabexp run` makes before it starts, every value of
+every sweep composed and validated; an error they show is the error the command prints), every
+relative link and image resolves, and no page or source file names a file outside the repository.
+"""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stabexp import bench, cli
+from stabexp.config import ConfigError
+from stabexp.preflight import preflight
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+# A block with `# my_conf/<path>.yaml` in its first lines is a file of the user's config folder.
+USER_FILE = re.compile(r"^# (my_conf/\S+\.yaml)\b")
+
+
+def _blocks(page: Path):
+    return FENCE.findall(page.read_text())
+
+
+def _lines(block: str):
+    """The block's lines, with backslash continuations joined."""
+    out, pending = [], ""
+    for line in block.splitlines():
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+        else:
+            out.append(pending + line)
+            pending = ""
+    return out
+
+
+def _commands():
+    """(page, command, the error line the page shows it printing, or None)."""
+    found = []
+    for page in PAGES:
+        for block in _blocks(page):
+            lines = _lines(block)
+            for i, line in enumerate(lines):
+                shown = line.startswith("$ ")
+                command = line[2:] if shown else line
+                if not command.startswith("stabexp "):
+                    continue
+                error = lines[i + 1] if shown and i + 1 < len(lines) and lines[i + 1].startswith("stabexp: error:") else None
+                found.append((page.relative_to(ROOT).as_posix(), command, error))
+    return found
+
+
+COMMANDS = _commands()
+
+
+@pytest.fixture
+def user_conf(tmp_path, monkeypatch):
+    """The docs' own config files (blocks headed `# my_conf/...yaml`), in a working folder."""
+    for page in PAGES:
+        for block in _blocks(page):
+            match = next(filter(None, map(USER_FILE.match, block.splitlines()[:3])), None)
+            if match:
+                target = tmp_path / match.group(1)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(block)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _args(command: str, cwd: Path):
+    """The arguments the shell would pass (the variables the docs use expanded)."""
+    expanded = command.replace("$PWD", str(cwd)).replace("$HOME", str(Path.home()))
+    return shlex.split(expanded, comments=True)[1:]
+
+
+def test_the_docs_show_commands():
+    assert len(COMMANDS) >= 20
+    assert {c.split()[1] for _, c, _ in COMMANDS} >= {"run", "list", "report", "status", "bench"}
+
+
+@pytest.mark.parametrize("page, command, error", [c for c in COMMANDS if c[1].split()[1] == "run"],
+                         ids=[f"{c[0]}: {c[1][:70]}" for c in COMMANDS if c[1].split()[1] == "run"])
+def test_each_documented_run_passes_the_checks_or_gives_the_error_shown(page, command, error, user_conf):
+    args = _args(command, user_conf)[1:]
+    if error is None:
+        preflight(args, prepare_data=False)
+    else:
+        with pytest.raises(ConfigError) as raised:
+            preflight(args, prepare_data=False)
+        assert f"stabexp: error: {raised.value}" == error
+
+
+def test_documented_list_report_status_and_bench_lines_parse(user_conf, capsys):
+    for page, command, _ in COMMANDS:
+        args = _args(command, user_conf)
+        if args[0] == "list":
+            assert cli.cmd_list(args[1:]) == 0, (page, command)
+        elif args[0] == "bench":
+            bench.parse_args(args[1:])
+        elif args[0] in ("report", "status"):
+            # A sweep folder of a preset, or none (the newest): at most one argument.
+            assert len(args) <= 2 and not any(a.startswith("-") for a in args[1:]), (page, command)
+    assert "Control groups (group=NAME):" in capsys.readouterr().out
+
+
+def test_help_and_cfg_job_run_as_written(tmp_path):
+    for line in ("stabexp run --help", "stabexp run group=admin depth=6 --cfg job"):
+        assert any(c.split("#")[0].split() == line.split() for _, c, _ in COMMANDS), f"the docs no longer show `{line}`"
+        out = subprocess.run([sys.executable, "-m", "stabexp.cli", *line.split()[1:]], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    assert "name: admin" in out.stdout and "depth: 6" in out.stdout
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def test_every_relative_link_and_image_resolves():
+    anchors = {page: {_anchor(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)} for page in PAGES}
+    broken = []
+    for page in PAGES:
+        text = FENCE.sub("", page.read_text())
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and resolved in anchors and anchor not in anchors[resolved]:
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_no_page_or_source_names_a_file_outside_the_repository():
+    needles = ("REFERENCE" + ".md", "REFERENCE" + "_METHODS", "../" + "shared")
+    places = [ROOT / "README.md", *[p for d in ("src", "conf", "docs", "scripts", "examples", "tests")
+                                    for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".md", ".yaml")]]
+    hits = [f"{p.relative_to(ROOT)}: {n}" for p in places for n in needles if n in p.read_text()]
+    assert not hits, hits
+
+
+def test_the_readme_lists_every_docs_page():
+    readme = (ROOT / "README.md").read_text()
+    missing = [p.name for p in PAGES[1:] if f"docs/{p.name}" not in readme]
+    assert not missing, missing
+
+
+def test_the_python_examples_run_on_a_sweep_of_real_runs(make_cfg, tmp_path, monkeypatch, capsys):
+    from stabexp.train.trainer import train
+
+    sweep = tmp_path / "outputs" / "multirun" / "experiment=deepnet_early"
+    for group in ("postln", "deepnorm"):
+        train(make_cfg(f"group={group}", "experiment=deepnet_early", "train.steps=50", "probe.first_steps=10",
+                       "probe.every=10", "hydra.mode=RUN"), sweep / f"group={group}")
+    monkeypatch.chdir(tmp_path)
+    examples = [b for page in (ROOT / "README.md", ROOT / "docs" / "api.md")
+                for b in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)]
+    assert len(examples) >= 2
+    for code in examples:
+        exec(compile(code, "<docs>", "exec"), {})
+    out = capsys.readouterr().out
+    assert "deepnorm" in out and "| group |" in out

@@ -1,0 +1,50 @@
+"""The package's layering, read from the source: no import cycle among stabexp's modules, and
+the model files import nothing of the probes, the trainer or the data (probes observe the model
+through forward hooks; docs/architecture.md)."""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _imports():
+    """module -> the stabexp modules it imports (at the top or inside a function)."""
+    files = {".".join(f.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__"): f
+             for f in (SRC / "stabexp").rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("stabexp"):
+                found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in files}
+                found |= {node.module} & files.keys()
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names} & files.keys()
+        graph[name] = found - {name}
+    return graph
+
+
+def test_no_import_cycle():
+    graph, cycles = _imports(), []
+
+    def visit(path):
+        for nxt in graph[path[-1]]:
+            if nxt == path[0]:
+                cycles.append(" -> ".join(path + [nxt]))
+            elif nxt not in path and nxt > path[0]:  # each cycle once, from its smallest module
+                visit(path + [nxt])
+
+    for module in graph:
+        visit([module])
+    assert not cycles, cycles
+
+
+def test_the_model_files_know_nothing_of_probes_trainer_or_data():
+    graph = _imports()
+    for module in (m for m in graph if m.startswith("stabexp.model")):
+        bad = {m for m in graph[module] if m.startswith(("stabexp.probes", "stabexp.train", "stabexp.data"))}
+        assert not bad, f"{module} imports {sorted(bad)}"
+        text = (SRC / Path(*module.split("."))).with_suffix(".py")
+        text = text if text.exists() else SRC / Path(*module.split(".")) / "__init__.py"
+        assert "probe" not in text.read_text().lower(), f"{module} names the probes"
