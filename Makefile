@@ -17,7 +17,7 @@ PRESETS := admin_output_change grad_at_init admin_clinic deepnet_early deepnet_d
            deepnet_depth_paper deepnet_early_paper multi30k_table lm_depth lr_sensitivity
 SCALE   ?= default
 
-.PHONY: install run reproduce docs-figures test plots bench
+.PHONY: install run reproduce docs-figures test test-fast plots bench
 
 install: $(STAMP)
 
@@ -52,6 +52,13 @@ test:
 	$(MAKE) install EXTRAS=test,launchers
 	$(BIN)/python -c "import torchscale, fairscale" 2>/dev/null || $(BIN)/pip install -q --no-deps torchscale==0.3.0 fairscale==0.4.0
 	$(BIN)/python -m pytest tests
+
+# The edit loop: everything but the end-to-end, install, subprocess-signal and compile tests
+# (the `slow` marker, tests/conftest.py), in under 3 minutes on 2 cores.
+test-fast:
+	$(MAKE) install EXTRAS=test,launchers
+	$(BIN)/python -c "import torchscale, fairscale" 2>/dev/null || $(BIN)/pip install -q --no-deps torchscale==0.3.0 fairscale==0.4.0
+	$(BIN)/python -m pytest tests -m "not slow"
 
 plots: install
 	$(BIN)/python scripts/make_plots.py

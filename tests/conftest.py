@@ -43,15 +43,63 @@ def make_cfg():
     GlobalHydra.instance().clear()
 
 
+def cli_command(*args):
+    """The command line of `stabexp ARGS`: the installed console script (or the module)."""
+    exe = Path(sys.executable).with_name("stabexp")
+    return [*([str(exe)] if exe.exists() else [sys.executable, "-m", "stabexp.cli"]), *args]
+
+
+def cli_env(outputs) -> dict:
+    return dict(os.environ, STABEXP_OUTPUTS=str(outputs), PYTHONUNBUFFERED="1")
+
+
+def run_cli(outputs, *args, cwd=None, timeout=600):
+    """`stabexp ARGS` in a subprocess, run folders under `outputs`; the finished process."""
+    return subprocess.run(cli_command(*args), capture_output=True, text=True, env=cli_env(outputs),
+                          cwd=cwd, timeout=timeout)
+
+
+# Columns and summary fields that hold wall-clock time (or the folder): what two runs of one
+# config may write differently.
+WALL = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "resumed_from", "out_dir")
+
+
+def assert_same_files(a: Path, b: Path, note: str = "") -> None:
+    """Two run folders hold the same run: metrics.csv and layers.csv equal bit for bit, and the
+    same summary and config, wall-clock time aside. `note` goes into every failure message."""
+    import json
+
+    import pandas as pd
+
+    for name in ("metrics.csv", "layers.csv"):
+        x, y = pd.read_csv(a / name), pd.read_csv(b / name)
+        x, y = x.drop(columns=[c for c in WALL if c in x]), y.drop(columns=[c for c in WALL if c in y])
+        pd.testing.assert_frame_equal(x, y, check_exact=True, obj=f"{name} {note}")
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    for key in set(sa) | set(sb) - set(WALL):
+        if key not in WALL:
+            assert sa.get(key) == sb.get(key), (key, note)
+    assert (a / "config.yaml").read_text() == (b / "config.yaml").read_text(), note
+
+
 @pytest.fixture
 def stabexp_cli(tmp_path):
     """Run the installed console script in a subprocess, outputs under tmp_path."""
-    env = dict(os.environ, STABEXP_OUTPUTS=str(tmp_path / "outputs"), PYTHONUNBUFFERED="1")
-
     def _run(*args, cwd=None):
-        exe = Path(sys.executable).with_name("stabexp")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "stabexp.cli"]
-        return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env,
-                              cwd=cwd or tmp_path, timeout=300)
+        return run_cli(tmp_path / "outputs", *args, cwd=cwd or tmp_path, timeout=300)
     _run.outputs = tmp_path / "outputs"
     return _run
+
+
+# `make test-fast` (pytest -m "not slow") leaves out the end-to-end tests: the whole-CLI runs in
+# subprocesses (the stabexp_cli fixture, test_cli.py), the quick pass over every preset, the wheel
+# install, the launchers, the resume tests that signal a subprocess, and the tests marked slow
+# by hand (torch.compile, runs of hundreds of steps). `make test` runs everything.
+SLOW_FIXTURES = {"stabexp_cli", "quick_outputs", "uninterrupted"}
+SLOW_MODULES = {"test_cli", "test_install", "test_launchers"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.module.__name__ in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

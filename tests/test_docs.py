@@ -108,6 +108,7 @@ def test_documented_list_report_status_and_bench_lines_parse(user_conf, capsys):
     assert "Control groups (group=NAME):" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_help_and_cfg_job_run_as_written(tmp_path):
     for line in ("stabexp run --help", "stabexp run group=admin depth=6 --cfg job"):
         assert any(c.split("#")[0].split() == line.split() for _, c, _ in COMMANDS), f"the docs no longer show `{line}`"

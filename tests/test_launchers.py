@@ -3,16 +3,14 @@ a process of its own, as on SLURM) writes the files of the basic launcher's swee
 killed mid-run is resumed by the next launch of the sweep."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
-import pandas as pd
 import pytest
 
-from conftest import TINY
+from conftest import TINY, assert_same_files, cli_command, cli_env
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the launchers extra (make install "
                     "EXTRAS=test,launchers; make test installs it)")
@@ -22,8 +20,7 @@ SWEEP = [*TINY, "group=postln,preln", "train.steps=40", "probe.first_steps=0", "
 
 
 def _sweep(outputs, *extra, wait=True):
-    env = dict(os.environ, STABEXP_OUTPUTS=str(outputs), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "stabexp.cli", "run", "-m", *SWEEP, *extra]
+    env, cmd = cli_env(outputs), cli_command("run", "-m", *SWEEP, *extra)
     if wait:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -34,13 +31,6 @@ def _sweep(outputs, *extra, wait=True):
 def _jobs(outputs):
     sweep = next((outputs / "multirun").iterdir())
     return sweep, {p.name: p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")}
-
-
-def _same_files(a, b):
-    for name in ("metrics.csv", "layers.csv"):
-        pd.testing.assert_frame_equal(pd.read_csv(a / name).drop(columns=["elapsed_s"], errors="ignore"),
-                                      pd.read_csv(b / name).drop(columns=["elapsed_s"], errors="ignore"),
-                                      check_exact=True)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +47,7 @@ def test_a_submitit_local_sweep_writes_the_basic_launchers_files(tmp_path, basic
     assert (sweep / ".submitit").is_dir()  # the jobs did go through submitit
     for name in jobs:
         assert json.loads((jobs[name] / "summary.json").read_text())["status"] == "completed"
-        _same_files(jobs[name], basic[name])
+        assert_same_files(jobs[name], basic[name], name)
 
 
 def test_a_killed_sweep_resumes_its_job_through_submitit(tmp_path, basic):
@@ -79,14 +69,14 @@ def test_a_killed_sweep_resumes_its_job_through_submitit(tmp_path, basic):
     assert proc.poll() is None, "the sweep ended before the kill"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
-    r = _sweep(tmp_path, "hydra/launcher=submitit_local")
+    _sweep(tmp_path, "hydra/launcher=submitit_local")
     sweep, jobs = _jobs(tmp_path)
     logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
     assert "already completed" in logs and "resuming" in logs, logs[-3000:]
     summary = json.loads((target / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"], summary
     for name in jobs:
-        _same_files(jobs[name], basic[name])
+        assert_same_files(jobs[name], basic[name], name)
     status = subprocess.run([sys.executable, "-m", "stabexp.cli", "status", str(sweep)], capture_output=True,
                             text=True, check=True).stdout
     assert "2 runs: 2 completed" in status

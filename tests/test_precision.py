@@ -46,6 +46,7 @@ def test_bad_precision_is_refused(make_cfg):
         validate(make_cfg("train.precision=fp16"))
 
 
+@pytest.mark.slow
 def test_compile_gives_the_eager_runs_losses(make_cfg, tmp_path):
     eager = train(make_cfg("group=postln", "train.steps=3"), tmp_path / "eager")
     compiled = train(make_cfg("group=postln", "train.steps=3", "train.compile=true"), tmp_path / "compiled")

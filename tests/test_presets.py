@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
+from conftest import run_cli
 from stabexp.config import conf_dir, validate
 from stabexp.plotting.collect import RUN_COLUMNS
 
@@ -27,12 +28,6 @@ TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd", "multi30k_tabl
 ON_MULTI30K = {"multi30k_table", "admin_clinic", "deepnet_early_paper", "deepnet_depth_paper"}
 
 
-def _cli(outputs: Path, *args):
-    env = dict(os.environ, STABEXP_OUTPUTS=str(outputs))
-    exe = Path(sys.executable).with_name("stabexp")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def quick_outputs(tmp_path_factory, corpus_dir):
     """Every preset at scale=quick (the training ones cut to 12 steps), then `make plots`.
@@ -44,7 +39,7 @@ def quick_outputs(tmp_path_factory, corpus_dir):
         extra = list(SHORT) if preset in TRAINS else []
         if preset in ON_MULTI30K:
             extra += [o for o in translation_overrides(corpus_dir) if not o.startswith("task=")]
-        result = _cli(outputs, "run", f"experiment={preset}", "scale=quick", *extra)
+        result = run_cli(outputs, "run", f"experiment={preset}", "scale=quick", *extra)
         assert result.returncode == 0, result.stderr[-2000:]
     env = dict(os.environ, STABEXP_OUTPUTS=str(outputs))
     plots = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_plots.py")], env=env,
@@ -142,16 +137,28 @@ def test_every_figure_is_built_and_byte_reproducible(quick_outputs):
 
 def test_report_gives_the_lr_sensitivity_of_each_setting(quick_outputs):
     (sweep,) = (quick_outputs.outputs / "multirun").glob("experiment=lr_sensitivity__*")
-    result = _cli(quick_outputs.outputs, "report", str(sweep))
+    result = run_cli(quick_outputs.outputs, "report", str(sweep))
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| model.qk_norm=")]
     assert len(rows) == 4 and "| lr 0.001 | lr 0.1 | LR sensitivity |" in result.stdout
-    assert all(float(row.rstrip(" |").rsplit("|", 1)[1]) >= 0 for row in rows)
+    # Each setting's LR sensitivity, by hand from the printed losses: the mean over the lr grid of
+    # min(loss, loss_0) - loss*, loss_0 the mean eval loss at init of the setting's runs, a run
+    # that did not complete counted as loss_0.
+    runs = pd.read_csv(quick_outputs.outputs / "collected" / "runs.csv").query("experiment == 'lr_sensitivity'")
+    metrics = pd.read_csv(quick_outputs.outputs / "collected" / "metrics.csv", low_memory=False)
+    at_init = metrics[metrics.step == 0].set_index("run").eval_loss
+    setting = runs.overrides.map(lambda o: " ".join(p for p in o.split("__")
+                                                    if not p.startswith(("train.lr=", "experiment=", "scale="))))
+    loss_0 = runs.assign(setting=setting, loss_0=runs.run.map(at_init)).groupby("setting").loss_0.mean()
+    for row in rows:
+        name, *losses, printed = [cell.strip() for cell in row.strip(" |").split("|")]
+        values = [min(float(v), loss_0[name]) if v[0].isdigit() else loss_0[name] for v in losses]
+        assert float(printed) == pytest.approx(sum(values) / len(values) - min(values), abs=2e-3), row
 
 
 def test_report_prints_the_fits(quick_outputs):
     sweep = quick_outputs.outputs / "multirun" / "experiment=admin_output_change__scale=quick"
-    result = _cli(quick_outputs.outputs, "report", str(sweep))
+    result = run_cli(quick_outputs.outputs, "report", str(sweep))
     assert result.returncode == 0, result.stderr
     assert ("| group | points | sublayers | change_at_min | change_at_max | linear_r2 | log_r2 | seed_linear_r2 "
             "| seed_log_r2 |") in result.stdout
@@ -166,13 +173,13 @@ def test_report_prints_the_fits(quick_outputs):
         assert (f"| {group} | 9 | 10-20 | {f.change_at_min:.3g} | {f.change_at_max:.3g} | {f.linear_r2:.3f} | "
                 f"{f.log_r2:.3f} |") in result.stdout
     sweep = quick_outputs.outputs / "multirun" / "experiment=grad_at_init__scale=quick"
-    printed = _cli(quick_outputs.outputs, "report", str(sweep)).stdout
+    printed = run_cli(quick_outputs.outputs, "report", str(sweep)).stdout
     slopes = w2_grad_slopes(last_w2_grad(collect(sweep)["layers"]))
     assert len(slopes) == 3
     for _, row in slopes.iterrows():
         assert f"| {row.group} | {row.points} | {row.slope:+.3f} | {row.r2:.3f} |" in printed
     sweep = next((quick_outputs.outputs / "multirun").glob("experiment=admin_clinic__*"))
-    printed = _cli(quick_outputs.outputs, "report", str(sweep)).stdout
+    printed = run_cli(quick_outputs.outputs, "report", str(sweep)).stdout
     from stabexp.analysis import clinic_fits, encoder_input_change
 
     clinic = clinic_fits(encoder_input_change(collect(sweep)["layers"]))
@@ -182,10 +189,10 @@ def test_report_prints_the_fits(quick_outputs):
                 f"{row.linear_r2:.3f} | {row.log_r2:.3f} | {row.seed_linear_r2} | {row.seed_log_r2} |") in printed
     assert "Post-LN / Pre-LN at the last sublayer (paper: about 13 at 200 sublayers)" in printed
     sweep = next((quick_outputs.outputs / "multirun").glob("experiment=depth_table__*"))  # + SHORT
-    table = _cli(quick_outputs.outputs, "report", str(sweep))
+    table = run_cli(quick_outputs.outputs, "report", str(sweep))
     assert "| group | 2L-2L | 3L-3L | 4L-4L |" in table.stdout
     sweep = next((quick_outputs.outputs / "multirun").glob("experiment=multi30k_table__*"))
-    table = _cli(quick_outputs.outputs, "report", str(sweep)).stdout
+    table = run_cli(quick_outputs.outputs, "report", str(sweep)).stdout
     bleu = pd.read_csv(quick_outputs.outputs / "collected" / "runs.csv").query(
         "experiment == 'multi30k_table' and group == 'preln' and depth == 2").test_bleu.iloc[0]
     assert f"| preln | BLEU {bleu:.2f} (loss " in table and "Cells: test BLEU (sacreBLEU nrefs:1|" in table

@@ -10,11 +10,10 @@ import subprocess
 import sys
 import time
 
-import pandas as pd
 import pytest
 
 import stabexp.train.trainer as trainer
-from conftest import TINY
+from conftest import TINY, assert_same_files, cli_command, cli_env
 from stabexp.train import checkpoint
 from stabexp.train.files import RunLock, RunLocked, is_locked
 
@@ -22,7 +21,6 @@ from stabexp.train.files import RunLock, RunLocked, is_locked
 # every random stream and every file a run writes takes part.
 RUN = [*TINY, "group=preln", "model.dropout=0.1", "train.steps=60", "probe.first_steps=0", "probe.every=1",
        "probe.weights=true", "train.eval_every=4", "train.checkpoint_every=5", "probe.at_init=true"]
-WALL = ["elapsed_s"]
 
 
 @pytest.fixture
@@ -34,11 +32,6 @@ def kill_row():
     return row, f"(stopped at metrics row {row}; replay with STABEXP_KILL_SEED={seed})"
 
 
-def _cli(args, outputs):
-    env = dict(os.environ, STABEXP_OUTPUTS=str(outputs), PYTHONUNBUFFERED="1")
-    return [sys.executable, "-m", "stabexp.cli", "run", *args], env
-
-
 def _run_dir(outputs):
     return next((outputs / "runs").iterdir())
 
@@ -47,29 +40,17 @@ def _rows(path):
     return sum(1 for _ in open(path)) - 1 if path.exists() else 0
 
 
-def _assert_same_files(a, b, note=""):
-    for name in ("metrics.csv", "layers.csv"):
-        x, y = pd.read_csv(a / name), pd.read_csv(b / name)
-        x, y = x.drop(columns=[c for c in WALL if c in x]), y.drop(columns=[c for c in WALL if c in y])
-        pd.testing.assert_frame_equal(x, y, check_exact=True, obj=f"{name} {note}")
-    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
-    for key in set(sa) | set(sb):
-        if key not in trainer.WALL_CLOCK and key != "out_dir":
-            assert sa.get(key) == sb.get(key), (key, note)
-    assert (a / "config.yaml").read_text() == (b / "config.yaml").read_text(), note
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("uninterrupted")
-    cmd, env = _cli(RUN, outputs)
+    cmd, env = cli_command("run", *RUN), cli_env(outputs)
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
     return _run_dir(outputs)
 
 
 def _start_and_stop(outputs, sig, at_rows):
     """Start the run in a subprocess, send `sig` once metrics.csv has `at_rows` rows."""
-    cmd, env = _cli(RUN, outputs)
+    cmd, env = cli_command("run", *RUN), cli_env(outputs)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -92,14 +73,14 @@ def test_a_run_killed_at_a_random_step_resumes_to_the_same_files(tmp_path, unint
     assert summary["status"] == "running"  # what a killed run leaves; its lock died with it
     assert not is_locked(run)
     killed_at = _rows(run / "metrics.csv")
-    cmd, env = _cli(RUN, tmp_path)
+    cmd, env = cli_command("run", *RUN), cli_env(tmp_path)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (replay, r.stderr[-2000:])
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps_done"] == 60, replay
     assert len(summary["resumed_from"]) == 1 and summary["resumed_from"][0] % 5 == 0, (replay, killed_at, summary)
     assert not (run / checkpoint.CHECKPOINT).exists() and not (run / "run.lock").exists(), replay
-    _assert_same_files(run, uninterrupted, replay)
+    assert_same_files(run, uninterrupted, replay)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
@@ -113,10 +94,10 @@ def test_a_stop_request_checkpoints_at_the_end_of_the_step_and_resumes(tmp_path,
     state = checkpoint.load(run, _resolved(run))
     assert state["step"] == summary["checkpoint_step"], replay
     assert _rows(run / "metrics.csv") == state["csv"]["metrics"][0], replay  # nothing written after it
-    cmd, env = _cli(RUN, tmp_path)
+    cmd, env = cli_command("run", *RUN), cli_env(tmp_path)
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
     assert json.loads((run / "summary.json").read_text())["resumed_from"] == [state["step"]], replay
-    _assert_same_files(run, uninterrupted, replay)
+    assert_same_files(run, uninterrupted, replay)
 
 
 def _resolved(run):
@@ -159,7 +140,7 @@ def test_a_failed_run_resumes_from_its_last_checkpoint(make_cfg, tmp_path, monke
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
     summary = trainer.train(cfg, tmp_path / "run")
     assert summary["resumed_from"] == [4] and summary["final_eval_loss"] == reference["final_eval_loss"]
-    _assert_same_files(tmp_path / "run", tmp_path / "reference")
+    assert_same_files(tmp_path / "run", tmp_path / "reference")
 
 
 def test_one_process_per_run_folder_and_a_dead_holders_lock_is_taken_over(tmp_path):
@@ -235,7 +216,7 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_last_one_and_the_run_resumes(make
     assert not list(run.glob(".*.part"))
     summary = trainer.train(cfg, run)
     assert summary["resumed_from"] == [2] and summary["final_eval_loss"] == reference["final_eval_loss"]
-    _assert_same_files(run, tmp_path / "reference")
+    assert_same_files(run, tmp_path / "reference")
 
 
 def test_a_schedulers_own_handler_runs_after_the_checkpoint(make_cfg, tmp_path, monkeypatch):
@@ -285,4 +266,4 @@ def test_a_translation_run_resumes_mid_epoch_to_the_same_files(make_cfg, corpus_
     summary = trainer.train(cfg, tmp_path / "run")
     assert summary["resumed_from"] == [6] and summary["target_tokens"] == reference["target_tokens"]
     assert summary["test_bleu"] == reference["test_bleu"]
-    _assert_same_files(tmp_path / "run", tmp_path / "reference")
+    assert_same_files(tmp_path / "run", tmp_path / "reference")

@@ -56,6 +56,7 @@ def test_the_default_task_is_sort_and_reverse_stays_by_name(make_cfg):
     assert isinstance(make_task(make_cfg("task=reverse"), torch.device("cpu")), ReverseTask)
 
 
+@pytest.mark.slow
 def test_deepnorm_learns_the_default_task(make_cfg, tmp_path):
     """Issue 14: on the reversal task DeepNorm sat at loss 1.94 (the source's symbol counts at
     every position) for 1000+ steps while Post-LN with warm-up solved it. On the default task

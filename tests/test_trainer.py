@@ -8,7 +8,8 @@ import torch
 
 from stabexp.config import conf_dir
 from stabexp.probes import model_update
-from stabexp.train.trainer import LAYERS_COLUMNS, METRICS_COLUMNS, train
+from stabexp.train.recording import LAYERS_COLUMNS, METRICS_COLUMNS
+from stabexp.train.trainer import train
 
 
 def _probe_steps(steps, first, every, eval_every):

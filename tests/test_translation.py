@@ -4,7 +4,6 @@ whole runs on the small corpus of tests/corpus.py."""
 
 import gzip
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pandas as pd
+import sacrebleu
 import pytest
 import torch
 
@@ -55,11 +55,13 @@ def test_every_group_translates_and_reports_bleu(make_cfg, corpus_dir, tmp_path,
     assert list(evals.step) == [0, 2, 4]
     assert (evals.eval_ppl - evals.eval_loss.map(lambda v: torch.tensor(v).exp().item())).abs().max() < 1e-3
     assert evals.valid_bleu.isna().tolist() == [True, False, False]  # no BLEU before the first update
-    assert evals.valid_bleu[1:].between(0, 100).all()
-    assert 0 <= summary["test_bleu"] <= 100 and summary["bleu_signature"].startswith("nrefs:1|")
+    assert evals.valid_bleu[1:].notna().all() and summary["bleu_signature"].startswith("nrefs:1|")
     assert summary["finish_seconds"] > 0 and summary["wall_seconds"] >= evals.elapsed_s.max()  # test decoding apart
     translations = pd.read_csv(tmp_path / "test_translations.tsv", sep="\t", keep_default_na=False)
     assert list(translations.columns) == ["source", "hypothesis", "reference"] and len(translations) == 20
+    # The test BLEU is sacreBLEU's corpus score of the translations the run wrote.
+    assert summary["test_bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(list(translations.hypothesis), [list(translations.reference)]).score)
     assert summary["data"]["splits"]["test"]["pairs"] == 20 and summary["chance_loss"] > 0
 
 
@@ -407,3 +409,13 @@ def test_decoding_stops_each_sentence_at_its_own_limit():
     assert [len(h) for h in greedy(_Stammer(), src, 1, 2, 0, limits)] == [6, 15]
     assert [len(h) for h in beam_search(_Stammer(), src, 1, 2, 0, limits, beam=2)] == [6, 15]
     assert max_output_len(3, 100, a=1.5, b=2) == 6 and max_output_len(torch.tensor([90]), 50).tolist() == [49]
+
+
+@pytest.mark.slow
+def test_a_trained_tiny_model_translates_the_toy_corpus(make_cfg, corpus_dir, tmp_path):
+    # 300 updates of a 2L-2L d = 16 Pre-LN model: test BLEU 68.4 with seed 0 (56.8 and 74.2 with
+    # seeds 1 and 2; 0.6-3.4 after 100 updates), so the floor of 40 leaves room for rounding
+    # differences between machines, and fails when the model or the decoding stops learning.
+    cfg = make_cfg(*translation_overrides(corpus_dir), "group=preln", "train.steps=300", "train.eval_every=300",
+                   "probe.enabled=false", "train.lr=3e-3", "train.warmup_steps=20")
+    assert train(cfg, tmp_path)["test_bleu"] > 40

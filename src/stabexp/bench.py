@@ -131,9 +131,9 @@ def variant_config(variant: str, size: str, depth: int, task: List[str], seed: i
 
 
 def make_loop(variant: str, size: str, depth: int, task: List[str], seed: int, device: torch.device, out: Path):
-    """The baseline loop (a) or a trainer.Run, whose .step is the exact step `stabexp run` executes."""
+    """The baseline loop (a) or a train.run.Run, whose .step is the exact step `stabexp run` executes."""
     from stabexp.data import make_task
-    from stabexp.train.trainer import Run
+    from stabexp.train.run import Run
 
     cfg = variant_config(variant, size, depth, task, seed, device.type)
     if variant == "a":

@@ -1,0 +1,143 @@
+"""What a run records at a probe or eval step: the metrics row and the layers rows, and the
+progress line. The columns are documented in docs/outputs.md.
+
+Row at step i: `loss` (the training loss, z-loss included), `grad_norm` and `lr` belong to
+optimiser step i (computed on theta_{i-1}); `model_update`, `ln_input_norm`, the output log Z
+(`log_z_mean`, `log_z_max`), the largest attention logit (`max_attn_logit`, layers rows) and the
+eval columns are measured on theta_i, after the step; `relative_update` (layers rows) is step
+i's update of each sublayer relative to its weights after it. With probe.weights a row per
+weight matrix holds its norm, the angular update of step i, the effective lr and whether the
+weight is scale-invariant (probes/weights.py). With probe.at_init the step-0 rows also hold
+Admin's output change and the gradient at theta_0 (probes/at_init.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+from omegaconf import DictConfig
+
+from stabexp import theory
+from stabexp.data import Task
+from stabexp.probes import log_z_stats, model_update, rows_for_layers
+
+log = logging.getLogger("stabexp")
+
+
+def metrics_columns(eval_columns) -> list:
+    """metrics.csv's header: the step's own columns, then the task's eval columns."""
+    return ["step", "lr", "loss", "grad_norm", "model_update", "output_change", "log_z_mean", "log_z_max",
+            *eval_columns, "elapsed_s"]
+
+
+METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (translation adds eval_ppl, valid_bleu)
+# A row is a residual sublayer (param empty) or, with probe.weights, one weight matrix (param set).
+LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm",
+                  "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "weight_norm", "angular_update",
+                  "row_angular_update", "effective_lr", "scale_invariant", "elements"]
+
+
+def to_host(**tensors: torch.Tensor) -> Dict[str, List[float]]:
+    """Every tensor as a list of floats, by name, from one device-to-host transfer."""
+    flat = {name: t.float().reshape(-1) for name, t in tensors.items()}
+    values = torch.cat(list(flat.values())).tolist()
+    out, start = {}, 0
+    for name, t in flat.items():
+        out[name], start = values[start:start + t.numel()], start + t.numel()
+    return out
+
+
+def record(run, step: int, lr, loss, grads, at_init: Optional[Dict] = None, weights_moved: bool = False) -> Dict:
+    """Write the metrics row (and, with probes on, the layers rows) of `step` for a Run.
+    `grads`: (total, per sublayer) gradient norms of this step, None to take them now;
+    `weights_moved`: the weight probe holds the weights from before this step."""
+    row = {"step": step, "lr": lr, "loss": loss}
+    if run.probe is not None:
+        feats, ln_norms, max_logits = run.probe.probe_pass(run.probe_src, run.probe_tgt_in)
+        with torch.no_grad():
+            log_z = log_z_stats(run.model.logits(feats), run.probe_tokens)
+        total, per_sublayer = grads if grads is not None else run.probe.grad_norms()
+        relative = (run.probe.relative_updates() if weights_moved
+                    else torch.full_like(per_sublayer, float("nan")))
+        host = to_host(total=total, update=model_update(feats, run.features_init, run.probe_tokens),
+                       log_z=log_z, grad=per_sublayer, ln=ln_norms, logit=max_logits, relative=relative)
+        (grad_norm,), (update,), (log_z_mean, log_z_max) = host["total"], host["update"], host["log_z"]
+        row.update(grad_norm=grad_norm, model_update=update, log_z_mean=log_z_mean, log_z_max=log_z_max)
+        rows = rows_for_layers(step, run.probe.keys, host["grad"], host["ln"], host["logit"], host["relative"])
+        if at_init is not None:
+            row.update(grad_norm=at_init["grad_norm"], output_change=at_init["output_change"])
+            for r, g, c, w2 in zip(rows, at_init["sublayer_grad_norm"], at_init["input_change"],
+                                   at_init["w2_grad_norm"]):
+                r.update(grad_norm=g, input_change=c, w2_grad_norm=w2)
+        if run.weights is not None:
+            rows += weight_rows(run, step, lr if lr is not None else run.sched.get_last_lr()[0], weights_moved)
+        run.layers.write(rows)
+    if run.is_eval_step(step):
+        row.update(run.task.evaluate(run.model, step))
+        result = run.result
+        best = result["best_eval_loss"]
+        if math.isfinite(row["eval_loss"]) and (best is None or row["eval_loss"] < best):
+            result["best_eval_loss"] = row["eval_loss"]
+        result.update(final_eval_loss=row["eval_loss"], final_eval_acc=row["eval_acc"])
+        run.task.summarise_eval(row, result)
+    row["elapsed_s"] = time.perf_counter() - run.start
+    run.metrics.write([row])
+    return row
+
+
+def weight_rows(run, step: int, lr: float, moved: bool) -> List[Dict]:
+    """One layers row per weight matrix (probe.weights); the step's own columns are empty
+    where the weights did not move in it."""
+    norms, angles, row_angles, grads = run.weights.measure().tolist()  # one host sync
+    nan = float("nan")
+    return [{"step": step, "stack": stack, "layer": layer, "sublayer": sublayer, "param": param,
+             "grad_norm": g if moved else nan, "weight_norm": n,
+             "angular_update": a if moved else nan, "row_angular_update": r if moved else nan,
+             "effective_lr": theory.effective_lr(run.optim_name, lr, n), "scale_invariant": inv,
+             "elements": w.numel()}
+            for (stack, layer, sublayer, param), w, n, a, r, g, inv
+            in zip(run.weights.keys, run.weights.weights, norms, angles, row_angles, grads, run.scale_invariant)]
+
+
+def group_name(cfg: DictConfig) -> str:
+    """A group is a residual placement of the Transformer; NormMLP has none: it goes by its name."""
+    return cfg.model.arch if cfg.model.arch == "normmlp" else cfg.group.name
+
+
+class Progress:
+    """tqdm bar on a terminal; otherwise a log line every probe.log_every steps."""
+
+    def __init__(self, cfg: DictConfig, enabled: bool = True):
+        self.cfg, self.every, self.last_update = cfg, cfg.probe.log_every, float("nan")
+        self.enabled, self.bar = enabled, None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.train.steps, desc=f"{group_name(cfg)} L{cfg.depth}",
+                            leave=True)
+
+    def resume_at(self, step: int) -> None:
+        if self.bar is not None:
+            self.bar.update(step)
+
+    def update(self, step: int, loss: Optional[float], update: Optional[float]) -> None:
+        """`loss`: None at the steps whose loss the host has not read (GPU, Run.must_sync)."""
+        if update is not None:
+            self.last_update = update
+        if self.bar is not None:
+            self.bar.update(1)
+            if update is not None and loss is not None:
+                self.bar.set_postfix(loss=f"{loss:.3f}", model_update=f"{self.last_update:.3g}")
+        elif self.enabled and loss is not None and (step % self.every == 0 or step == self.cfg.train.steps):
+            probed = f" model_update {self.last_update:.4g}" if math.isfinite(self.last_update) else ""
+            log.info("%s L%d step %d/%d loss %.4f%s", group_name(self.cfg), self.cfg.depth, step,
+                     self.cfg.train.steps, loss, probed)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
