@@ -82,6 +82,38 @@ def assert_same_files(a: Path, b: Path, note: str = "") -> None:
     assert (a / "config.yaml").read_text() == (b / "config.yaml").read_text(), note
 
 
+def one_line_error(result, *words) -> str:
+    """The result of a command that must fail with one line on stderr holding every word."""
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def stabexp_main(tmp_path, monkeypatch, capsys):
+    """`stabexp ARGS` through stabexp.cli.main in this process (outputs under tmp_path): what
+    the console script runs, without the cost of a new interpreter."""
+    from types import SimpleNamespace
+
+    from stabexp.cli import main
+
+    monkeypatch.setenv("STABEXP_OUTPUTS", str(tmp_path / "outputs"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # `stabexp run` hands its arguments to Hydra there
+
+    def _run(*args):
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+    _run.outputs = tmp_path / "outputs"
+    return _run
+
+
 @pytest.fixture
 def stabexp_cli(tmp_path):
     """Run the installed console script in a subprocess, outputs under tmp_path."""

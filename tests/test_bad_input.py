@@ -1,0 +1,55 @@
+"""Bad values on the command line: each is one line naming the value and what is allowed, exit
+code 2, and nothing written. Through `stabexp.cli.main` in-process, the code the console script
+runs (tests/test_cli.py starts the script itself for two of them)."""
+
+import pytest
+
+from conftest import one_line_error
+
+
+@pytest.mark.parametrize("args, words", [
+    (["group=nope"], ["group=nope", "postln_warmup", "deepnorm"]),
+    (["depth=0"], ["depth=0", ">= 1"]),
+    (["train.lr=-0.1"], ["train.lr=-0.1", "> 0"]),
+    (["train.lr=inf"], ["train.lr=inf", "finite"]),
+    (["-m", "optim.weight_decay=0.1,nan"], ["optim.weight_decay=nan", "finite"]),
+    (["hydra.run.dir=/proc/stabexp/run"], ["cannot create the run folder /proc/stabexp/run"]),
+    (["task=lm", "task.path=~/wikitext"], ["task.path=~/wikitext", "$HOME"]),
+    (["-m", "group=postln,preln", "hydra.sweep.dir=/proc/stabexp/sweep"], ["cannot create the sweep folder /proc/stabexp/sweep"]),
+    (["depth=abc"], ["depth=abc"]),
+    (["dpeth=3"], ["dpeth", "depth"]),
+    (["train.stepz=3"], ["train.stepz", "steps"]),
+    (["model=huge"], ["model=huge", "tiny", "base"]),
+    (["-m", "depth=6,0"], ["depth=0"]),
+    (["-m", "group=postln,nope"], ["group=nope", "admin"]),
+    (["-m", "depth=6,x"], ["depth=x"]),
+    (["depth=6,18"], ["depth=6,18", "-m"]),
+    (["optim=sgdm", "optim.momentum=1.5"], ["optim.momentum=1.5", "[0, 1)"]),
+    (["optim=lamb"], ["optim=lamb", "adamw", "sgdm"]),
+    (["model=normmlp"], ["task=sort", "normmlp", "teacher"]),
+    (["train.schedule=cosine"], ["train.schedule=cosine", "warmup_inverse_sqrt"]),
+    (["experiment=nope"], ["experiment=nope", "deepnet_depth", "smd"]),
+    (["scale=huge"], ["scale=huge", "quick"]),
+    (["experiment=depth_table", "depth=0"], ["depth=0", ">= 1"]),
+])
+def test_bad_input_is_one_clear_line(stabexp_main, args, words):
+    r = stabexp_main("run", *args)
+    assert r.returncode == 2
+    one_line_error(r, *words)
+    assert not stabexp_main.outputs.exists() or not any(stabexp_main.outputs.rglob("metrics.csv"))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["depth=glob(*)"], ["depth=glob(*)", "not one", "range()"]),
+    (["group=glob(nothing*)"], ["matches no group", "postln_warmup"]),
+    (["group=glob(*,exclude=[*])"], ["matches no group"]),
+    (["train.lr=interval(1e-4,1e-2)"], ["interval", "basic sweeper", "optuna"]),
+    (["depth=range(0,2)"], ["depth=0", ">= 1"]),
+    (["group=choice(postln,nope)"], ["group=nope", "admin"]),
+    (["group=glob(*)", "depth=choice(2,-1)"], ["depth=-1", ">= 1"]),
+    (["group=glob(*)", "--cfg", "job"], ["--cfg", "-m"]),
+])
+def test_a_sweep_form_with_a_bad_value_is_one_line(stabexp_main, args, words):
+    r = stabexp_main("run", "-m", *args)
+    one_line_error(r, *words)
+    assert r.returncode == 2 and not stabexp_main.outputs.exists()
