@@ -192,7 +192,7 @@ def test_report_prints_the_fits(quick_outputs):
         assert (f"| {row.model} | {row.group} | 5 | 8 | {row.change_at_1:.3g} | {row.change_at_last:.3g} | "
                 f"{row.linear_r2:.3f} | {row.log_r2:.3f} | {row.seed_linear_r2} | {row.seed_log_r2} |") in printed
     assert "Post-LN / Pre-LN at the last sublayer (paper: about 13 at 200 sublayers)" in printed
-    sweep = next((quick_outputs.outputs / "multirun").glob("experiment=depth_table__*"))  # + SHORT, NARROWER
+    sweep = next((quick_outputs.outputs / "multirun").glob("*experiment=depth_table__*"))  # SHORT and NARROWER name it
     table = run_cli(quick_outputs.outputs, "report", str(sweep))
     assert "| group | 2L-2L | 3L-3L |" in table.stdout
     sweep = next((quick_outputs.outputs / "multirun").glob("experiment=multi30k_table__*"))
