@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from stabexp.errors import ConfigError  # noqa: F401  (also stabexp.config.ConfigError)
+from stabexp.model_options import ModelOptions
 
 
 # --- paths ---------------------------------------------------------------------------------
@@ -99,20 +100,18 @@ class GroupConfig:
     schedule: str = MISSING    # one of SCHEDULES; see train/schedule.py
 
 
-@dataclass
-class ModelConfig:
-    """Width of the Transformer (conf/model/*.yaml). Depth is the top-level `depth`."""
-
+@dataclass(kw_only=True)
+class _ModelChoice:
     name: str = MISSING
     arch: str = "transformer"  # transformer: encoder-decoder (model/transformer.py); decoder_only
                                # or encoder_only: one stack of `depth` layers (model/lm.py);
                                # normmlp (model/normmlp.py)
-    d_model: int = 64          # residual width d (normmlp: hidden width)
-    ffn_dim: int = 128         # FFN hidden width
-    n_heads: int = 2           # attention heads; d_model must divide by it
-    norm: str = "layernorm"    # layernorm or rmsnorm at every norm of the group's placement
-    dropout: float = 0.0       # on branch outputs and attention; 0 keeps runs deterministic
-    qk_norm: bool = False      # QK-LayerNorm: a norm over each head's q and k (Dehghani et al. 2023)
+
+
+@dataclass(kw_only=True)
+class ModelConfig(ModelOptions, _ModelChoice):
+    """The model (conf/model/*.yaml): which one, then its options (stabexp.model_options, the
+    fields the model itself reads). Depth is the top-level `depth`."""
 
 
 @dataclass

@@ -9,6 +9,7 @@ from stabexp.model.init import INIT_RULES, deepnorm_constants, initial_scalars
 from stabexp.model.lm import SINGLE_STACK, LanguageModel
 from stabexp.model.normmlp import NormMLP, NormMLPConfig
 from stabexp.model.transformer import PLACEMENTS, Seq2SeqTransformer, TransformerConfig
+from stabexp.model_options import model_options
 
 
 def build_model(cfg, vocab_size: int, pad_id: Optional[int] = None, max_positions: int = 512):
@@ -25,11 +26,9 @@ def build_model(cfg, vocab_size: int, pad_id: Optional[int] = None, max_position
     if cfg.group.residual == "deepnorm":  # the paper's alphas, which torchscale shares
         alphas.update({s: c["alpha"] for s, c in deepnorm_constants(n_enc, n_dec).items()})
     c = TransformerConfig(
-        vocab_size=vocab_size, d_model=cfg.model.d_model, ffn_dim=cfg.model.ffn_dim,
-        n_heads=cfg.model.n_heads, encoder_layers=n_enc, decoder_layers=n_dec,
-        residual=cfg.group.residual, norm=cfg.model.norm, encoder_alpha=alphas["encoder"],
-        decoder_alpha=alphas["decoder"], dropout=cfg.model.dropout, max_len=max_positions,
-        pad_id=pad_id, qk_norm=cfg.model.qk_norm,
+        **model_options(cfg.model), vocab_size=vocab_size, encoder_layers=n_enc, decoder_layers=n_dec,
+        residual=cfg.group.residual, encoder_alpha=alphas["encoder"], decoder_alpha=alphas["decoder"],
+        max_len=max_positions, pad_id=pad_id,
     )
     return LanguageModel(c, arch) if arch in SINGLE_STACK else Seq2SeqTransformer(c)
 

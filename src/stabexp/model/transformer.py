@@ -36,23 +36,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from stabexp.model_options import ModelOptions
 
-@dataclass
-class TransformerConfig:
+
+@dataclass(kw_only=True)
+class TransformerConfig(ModelOptions):
+    """ModelOptions (d_model, ffn_dim, n_heads, norm, dropout, qk_norm: stabexp/model_options.py,
+    the options a user sets) plus what a run derives for the model:"""
+
     vocab_size: int            # shared source/target vocabulary (embeddings tied with the output)
-    d_model: int = 64          # residual width d
-    ffn_dim: int = 128         # FFN hidden width
-    n_heads: int = 2           # attention heads
     encoder_layers: int = 6    # N
     decoder_layers: int = 6    # M
     residual: str = "postln"   # a key of PLACEMENTS
-    norm: str = "layernorm"    # layernorm | rmsnorm, at every norm position of the placement
     encoder_alpha: float = 1.0  # DeepNorm's residual scale alpha for the encoder stack
     decoder_alpha: float = 1.0  # ... and for the decoder stack
-    dropout: float = 0.0       # on attention weights, branch outputs and embeddings
     max_len: int = 512         # positions covered by the sinusoidal table
     pad_id: Optional[int] = None  # padding token of variable-length batches; None: no masks
-    qk_norm: bool = False      # a norm on each head's q and k before q.k (Dehghani et al. 2023)
 
 
 def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
