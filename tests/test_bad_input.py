@@ -31,6 +31,8 @@ from conftest import one_line_error
     (["experiment=nope"], ["experiment=nope", "deepnet_depth", "smd"]),
     (["scale=huge"], ["scale=huge", "quick"]),
     (["experiment=depth_table", "depth=0"], ["depth=0", ">= 1"]),
+    (["model=normmlp", "task=teacher", "probe.at_init=true"], ["probe.at_init=True", "normmlp has none"]),
+    (["train.warmup_init_lr=1e-7", "train.warmup_steps=0"], ["train.warmup_steps=0", "warmup_init_lr"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_main, args, words):
     r = stabexp_main("run", *args)

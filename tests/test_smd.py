@@ -3,11 +3,13 @@
 import math
 
 import pytest
+import pandas as pd
 import torch
 
 from stabexp import theory
 from stabexp.model.normmlp import NormMLP, NormMLPConfig
 from stabexp.probes.weights import WeightProbe, angle, scale_invariance
+from stabexp.train.trainer import train
 
 
 def test_theory_against_hand_computed_values():
@@ -195,6 +197,16 @@ def test_effective_lr_is_the_step_each_optimiser_gives_a_scale_invariant_weight(
     assert theory.effective_lr("sgd", 0.1, 2.0) == pytest.approx(0.025)
     assert theory.effective_lr("sgdm", 0.1, 2.0) == pytest.approx(0.025)
     assert theory.effective_lr("adamw", 0.1, 2.0) == pytest.approx(0.05)
+    assert math.isnan(theory.effective_lr("sgd", 0.1, 0.0)) and math.isnan(theory.effective_lr("adamw", 0.1, 0.0))
+
+
+def test_weights_at_zero_get_no_effective_lr(make_cfg, tmp_path):
+    # Fixup starts W_O and W_2 at zero: the weight probe records their norm and leaves the
+    # effective lr empty at step 0 instead of dividing by zero.
+    summary = train(make_cfg("group=fixup", "probe.weights=true"), tmp_path)
+    assert summary["status"] == "completed"
+    rows = pd.read_csv(tmp_path / "layers.csv").query("step == 0 and weight_norm == 0")
+    assert len(rows) > 0 and rows.effective_lr.isna().all()
     assert theory.effective_lr("adam", 0.1, 2.0) == pytest.approx(0.05)
     # What it predicts: one step's angle is effective_lr x ||g~|| (SGD) or x sqrt(C) (Adam), at any norm.
     for name, scale in (("sgd", 255 ** 0.5), ("adamw", 16.0)):

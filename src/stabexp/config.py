@@ -360,6 +360,8 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, "must be >= 0")
     _need(tr.decay_period >= 1, "train.decay_period", tr.decay_period, "must be an integer >= 1")
     if tr.warmup_init_lr is not None:
+        _need(tr.warmup_steps >= 1, "train.warmup_steps", tr.warmup_steps,
+              "must be >= 1 with train.warmup_init_lr (the warm-up goes from it to train.lr)")
         _need(0.0 <= tr.warmup_init_lr <= tr.lr, "train.warmup_init_lr", tr.warmup_init_lr,
               f"must be in [0, train.lr={tr.lr}] (or null)")
     _need(tr.schedule in ("group", *SCHEDULES), "train.schedule", tr.schedule,
@@ -385,5 +387,7 @@ def validate(cfg: DictConfig) -> None:
     _need(p.first_steps >= 0, "probe.first_steps", p.first_steps, "must be >= 0")
     _need(p.log_every >= 1, "probe.log_every", p.log_every, "must be an integer >= 1")
     _need(p.enabled or not p.at_init, "probe.at_init", p.at_init, "needs probe.enabled=true")
+    _need(m.arch != "normmlp" or not p.at_init, "probe.at_init", p.at_init,
+          "measures residual sublayers, and model=normmlp has none")
     _need(p.perturbation_draws >= 1, "probe.perturbation_draws", p.perturbation_draws, "must be an integer >= 1")
     _need(p.grad_batches >= 0, "probe.grad_batches", p.grad_batches, "must be >= 0 (0: no gradient at init)")

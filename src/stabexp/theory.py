@@ -86,6 +86,8 @@ def effective_lr(optimiser: str, lr: float, norm: float) -> float:
     2023)."""
     if optimiser not in OPTIMISERS:
         raise ValueError(f"optimiser {optimiser!r}: one of {', '.join(OPTIMISERS)}")
+    if norm == 0:  # a weight at zero (Fixup's W_O and W_2 at init) has no direction to turn
+        return float("nan")
     return lr / norm ** 2 if optimiser in ("sgd", "sgdm") else lr / norm
 
 
