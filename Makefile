@@ -11,7 +11,7 @@ EXTRAS ?= test
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-# The presets of conf/experiment, cheapest first; `make reproduce SCALE=quick` for a quick pass.
+# The presets of conf/experiment, in the order `make reproduce` runs them; SCALE=quick for a quick pass.
 # The Multi30k presets (admin_clinic, *_paper, multi30k_table) download it into $STABEXP_DATA on first use.
 PRESETS := admin_output_change grad_at_init admin_clinic deepnet_early deepnet_depth depth_table smd \
            deepnet_depth_paper deepnet_early_paper multi30k_table lm_depth lr_sensitivity

@@ -1,8 +1,8 @@
-"""Gradients at initialisation against depth (DeepNet Fig. 2; Xiong et al. 2020, Sec. 3 and
-Fig. 3): left, the gradient norm of each layer along the deepest models; middle, the gradient
-of the last decoder FFN's W_2 against depth on log-log axes with each group's slope (Post-LN:
-flat, Pre-LN: ~1/sqrt(L), slope -1/2); right, Pre-LN's E||x_l||^2 along the stack, which Xiong
-et al. show grows linearly in l. Preset: grad_at_init."""
+"""Gradients at initialisation against depth (Xiong et al. 2020, arXiv 2002.04745, Sec. 3):
+left, the gradient norm of each layer along the deepest models; middle, the gradient of the
+last decoder FFN's W_2 against depth on log-log axes with each group's slope (Post-LN: flat,
+Pre-LN: ~1/sqrt(L), slope -1/2); right, Pre-LN's E||x_l||^2 along the stack, which Xiong et al.
+show grows linearly in l. Preset: grad_at_init."""
 
 import sys
 

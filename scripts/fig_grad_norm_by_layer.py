@@ -1,4 +1,4 @@
-"""DeepNet Fig. 3(d) (Wang et al. 2022): the gradient norm of each layer's parameters at step 1
+"""DeepNet Fig. 4 (Wang et al. 2022, arXiv v1), its gradient panel: the gradient norm of each layer's parameters at step 1
 (a layer's sublayers combined in quadrature), encoder and decoder, a line per group: Post-LN's
 decoder gradient vanishes towards the bottom. Preset: deepnet_early."""
 

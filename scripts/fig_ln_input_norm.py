@@ -1,4 +1,4 @@
-"""DeepNet Fig. 3(b,c) (Wang et al. 2022): the norm of LayerNorm inputs over the first steps,
+"""DeepNet Fig. 4 (Wang et al. 2022, arXiv v1), its LN-input panels: the norm of LayerNorm inputs over the first steps,
 encoder and decoder (mean over a stack's sublayers), a line per group, against sqrt(d): a
 LayerNorm output has norm sqrt(d), so an input far above it is what the LN divides down.
 Preset: deepnet_early."""

@@ -1,4 +1,4 @@
-"""DeepNet Fig. 3(a) (Wang et al. 2022): the model update ||F(x,θ_i) − F(x,θ_0)|| over the first
+"""DeepNet Fig. 4 (Wang et al. 2022, arXiv v1), its model-update panel: the model update ||F(x,θ_i) − F(x,θ_0)|| over the first
 steps of 18L-18L models, a line per group; the first 50 steps on the left, the whole run on the
 right. Preset: deepnet_early."""
 

@@ -76,9 +76,8 @@ def assert_same_files(a: Path, b: Path, note: str = "") -> None:
         x, y = x.drop(columns=[c for c in WALL if c in x]), y.drop(columns=[c for c in WALL if c in y])
         pd.testing.assert_frame_equal(x, y, check_exact=True, obj=f"{name} {note}")
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
-    for key in set(sa) | set(sb) - set(WALL):
-        if key not in WALL:
-            assert sa.get(key) == sb.get(key), (key, note)
+    for key in (set(sa) | set(sb)) - set(WALL):
+        assert sa.get(key) == sb.get(key), (key, note)
     assert (a / "config.yaml").read_text() == (b / "config.yaml").read_text(), note
 
 

@@ -56,7 +56,7 @@ def _hand_qk(attn, x, qk_norm=None):
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_attention_records_its_largest_logit_with_and_without_qk_norm(qk_norm):
+def test_the_explicit_attention_shows_its_logits_with_and_without_qk_norm(qk_norm):
     torch.manual_seed(0)
     d, heads = 8, 2
     norms = (make_norm("layernorm", d // heads), make_norm("layernorm", d // heads)) if qk_norm else None

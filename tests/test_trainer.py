@@ -168,11 +168,13 @@ def test_seed_fixes_the_run(make_cfg, tmp_path):
 
 
 @pytest.mark.parametrize("group, extra", [("postln", []), ("admin", []),
-                                          ("admin", ["probe.at_init=true", "probe.weights=true"])])
+                                          ("admin", ["probe.at_init=true", "probe.weights=true"]),
+                                          # dropout: every probe leaves torch's generator as it found it
+                                          ("preln", ["model.dropout=0.1", "probe.at_init=true", "probe.weights=true"])])
 def test_probes_do_not_change_the_run(make_cfg, tmp_path, group, extra):
     """Probes at every step (with the at-init and weight probes too) and probes off give
     bit-identical losses and eval results."""
-    common = [f"group={group}", "train.steps=8", "train.eval_every=4"]
+    common = [f"group={group}", "train.steps=8", "train.eval_every=4", *[e for e in extra if "dropout" in e]]
     on = train(make_cfg(*common, "probe.every=1", *extra), tmp_path / "on")
     off = train(make_cfg(*common, "probe.enabled=false"), tmp_path / "off")
     m_on = pd.read_csv(tmp_path / "on" / "metrics.csv").set_index("step")

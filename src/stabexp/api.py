@@ -107,10 +107,9 @@ def _csv(path: Path) -> pd.DataFrame:
     return pd.read_csv(path) if path.is_file() and path.stat().st_size > 0 else pd.DataFrame()
 
 
-def load_sweep(path: Optional[PathLike] = None) -> Sweep:
-    """Every run under a sweep folder (default: the newest under outputs/multirun, as
-    `stabexp report` picks it), as tables of runs, metrics and layers; `run` ids are relative to
-    the folder."""
+def _sweep_folder(path: Optional[PathLike]) -> Path:
+    """The folder a sweep lives in: `path`, or the newest under outputs/multirun (as `stabexp
+    report` picks it)."""
     if path is None:
         from stabexp.report import latest_sweep
 
@@ -120,6 +119,13 @@ def load_sweep(path: Optional[PathLike] = None) -> Sweep:
     folder = _folder(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder {folder}")
+    return folder
+
+
+def load_sweep(path: Optional[PathLike] = None) -> Sweep:
+    """Every run under a sweep folder (default: the newest under outputs/multirun), as tables
+    of runs, metrics and layers; `run` ids are relative to the folder."""
+    folder = _sweep_folder(path)
     return Sweep(collect(folder), folder)
 
 
@@ -145,4 +151,4 @@ def report(path: Optional[PathLike] = None) -> str:
     """The markdown `stabexp report [SWEEP_DIR]` prints."""
     from stabexp.report import sweep_table
 
-    return sweep_table(load_sweep(path).folder)
+    return sweep_table(_sweep_folder(path))

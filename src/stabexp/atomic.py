@@ -6,6 +6,7 @@ tokenizer) never write into each other's temp file, and the last rename wins who
 
 from __future__ import annotations
 
+import errno
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +29,7 @@ def temp_name(path: Path) -> Path:
 @contextmanager
 def replacing(path: Path) -> Iterator[BinaryIO]:
     """A binary file to write `path`'s new contents into: renamed over `path` when the block
-    ends normally, removed (with `path` left as it was) when it raises."""
+    ends normally, removed (with `path` left as it was) when the block raises."""
     path = Path(path)
     partial = temp_name(path)
     try:
@@ -37,7 +38,11 @@ def replacing(path: Path) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, path)
-        fsync_dir(path.parent)
+        try:
+            fsync_dir(path.parent)
+        except OSError as err:  # some network and FUSE mounts cannot fsync a folder: the file is in place
+            if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+                raise
     finally:
         partial.unlink(missing_ok=True)
 

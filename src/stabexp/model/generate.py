@@ -20,7 +20,7 @@ def max_output_len(src_len, max_positions: int, a: float = 1.2, b: int = 10):
     max_len_a * src_len + max_len_b (`task.max_len_a`, `task.max_len_b`), within the positions.
     src_len: an int, or a tensor of one length per sentence (then a tensor of limits)."""
     if isinstance(src_len, torch.Tensor):
-        return (src_len.float() * a).long().add(b).clamp(max=max_positions - 1)
+        return (src_len.double() * a).long().add(b).clamp(max=max_positions - 1)  # float64, as int(a * s)
     return min(int(a * src_len) + b, max_positions - 1)
 
 

@@ -14,7 +14,8 @@ model/init.py attach them):
 - `res.ln`, the norm on the residual stream (placements without one have none): its input is
   the "LN input" of DeepNet's Fig. 4, LN(x + G) for Post-LN, LN(x) for Pre-LN;
 - `res.branch`, the sublayer's G, and `res.drop` when the sublayer has dropout: the output of
-  the last of the two is G(x) as it is added to the stream;
+  the last of the two is G(x) as Admin adds it to the stream (Sandwich-LN and NormFormer's
+  self-attention normalise it with `ln_out` before adding it);
 - `attn.scores` of each attention, inside `explicit_attention()`: the masked logits
   q·k/√d_h pass through it. Outside that block attention runs PyTorch's fused kernel.
 

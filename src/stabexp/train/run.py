@@ -166,7 +166,14 @@ class Run:
     def probe_at_init(self) -> Dict:
         """Admin's output change on the probe batch (mean over probe.perturbation_draws draws of
         delta) and the gradient at theta_0 (mean over probe.grad_batches batches of the init
-        stream, so the training batches stay those of a run without this probe)."""
+        stream, so the training batches stay those of a run without this probe). The gradient's
+        forward runs in training mode, so with dropout it draws from torch's global generator:
+        the draws happen on a fork of it, and the training run's own dropout masks stay those of
+        a run without this probe."""
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            return self._probe_at_init()
+
+    def _probe_at_init(self) -> Dict:
         cfg, model, p = self.cfg, self.model, self.cfg.probe
         generator = torch.Generator().manual_seed(cfg.seed)
         change = mean_of([output_change(model, self.probe_src, self.probe_tgt_in, generator=generator)
@@ -241,7 +248,7 @@ class Run:
         """Steps where the host reads the loss: every step on the CPU; elsewhere the first (it
         sets the explosion threshold), probe, eval, checkpoint, log and last steps."""
         return (self.sync_every_step or step == 1 or step == self.train_cfg.steps or self.is_probe_step(step)
-                or self.is_checkpoint_step(step) or step % self.cfg.probe.log_every == 0)
+                or self.is_eval_step(step) or self.is_checkpoint_step(step) or step % self.cfg.probe.log_every == 0)
 
     def step(self, step: int) -> bool:
         """Optimiser step number `step` (1-based), probing if due; False when it diverged."""

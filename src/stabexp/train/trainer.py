@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from stabexp.config import validate
 from stabexp.data import Task, make_task
 from stabexp.train import checkpoint
+from stabexp.atomic import write_atomic
 from stabexp.train.files import SUMMARY, RunLock, read_summary, write_json
 from stabexp.train.recording import group_name
 from stabexp.train.run import Run, device_of
@@ -31,9 +32,6 @@ from stabexp.train.stop import RunStopped, StopRequests
 log = logging.getLogger("stabexp")
 
 FINISHED = ("completed", "diverged")
-# Columns and summary fields that hold wall-clock time: the only ones a resumed run may write
-# differently from an uninterrupted one.
-WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "resumed_from")
 
 
 def train(cfg: DictConfig, out_dir) -> Dict:
@@ -75,8 +73,11 @@ def train(cfg: DictConfig, out_dir) -> Dict:
         except Exception as err:
             summary.update(status="failed", error=f"{type(err).__name__}: {err}",
                            wall_seconds=time.perf_counter() - start)
-            (out_dir / "error.txt").write_text(traceback.format_exc())
-            write_json(out_dir / SUMMARY, summary)
+            try:  # the error itself may be a full disk: record what can be, raise the original
+                write_atomic(out_dir / "error.txt", lambda f: f.write(traceback.format_exc().encode()))
+                write_json(out_dir / SUMMARY, summary)
+            except OSError as cannot_record:
+                log.error("could not record the failure in %s: %s", out_dir, cannot_record)
             raise
         write_json(out_dir / SUMMARY, summary)
         checkpoint.remove(out_dir)
