@@ -55,3 +55,22 @@ def test_plots_with_no_runs_say_so(tmp_path):
     assert result.stdout.strip().splitlines()[-1] == (
         f"drew 0 figures into {tmp_path / 'empty' / 'figures'}; {len(presets)} presets have no runs yet: "
         f"{', '.join(presets)} (`stabexp run experiment=NAME`, or `make reproduce` for all)")
+
+
+def test_compare_runs_finds_a_changed_cell_and_nothing_else(make_cfg, tmp_path):
+    import runpy
+    import shutil
+
+    compare = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "compare_runs.py"))["main"]
+    for tree in ("before", "after"):
+        train(make_cfg("group=admin", "probe.every=1"), tmp_path / tree / "admin")
+    assert compare([str(tmp_path / "before"), str(tmp_path / "after")]) == 0  # wall clock aside
+    shutil.copytree(tmp_path / "after", tmp_path / "changed")
+    layers = tmp_path / "changed" / "admin" / "layers.csv"
+    lines = layers.read_text().splitlines(keepends=True)
+    row = next(i for i, line in enumerate(lines) if line.split(",")[5][-1:].isdigit())  # a grad_norm cell
+    cells = lines[row].split(",")
+    cells[5] = cells[5][:-1] + ("0" if cells[5][-1] != "0" else "1")  # its last digit
+    lines[row] = ",".join(cells)
+    layers.write_text("".join(lines))
+    assert compare([str(tmp_path / "before"), str(tmp_path / "changed")]) == 1
