@@ -2,6 +2,7 @@
 table, every figure script, and the report's fits."""
 
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -202,7 +203,7 @@ def test_report_prints_the_fits(quick_outputs):
     assert f"| preln | BLEU {bleu:.2f} (loss " in table and "Cells: test BLEU (sacreBLEU nrefs:1|" in table
 
 
-def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs):
+def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs, capsys):
     # Only the deepnet_early runs: its three figures are drawn, the others name their preset.
     runs = pd.read_csv(quick_outputs.outputs / "collected" / "runs.csv")
     (tmp_path / "collected").mkdir()
@@ -210,11 +211,11 @@ def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs)
         table = pd.read_csv(quick_outputs.outputs / "collected" / f"{name}.csv")
         table[table.run.isin(runs[runs.experiment == "deepnet_early"].run)].to_csv(
             tmp_path / "collected" / f"{name}.csv", index=False)
-    for name in FIGURES:
-        script = ROOT / "scripts" / f"fig_{name}.py"
-        out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
+    for name in FIGURES:  # each script's main, as `python scripts/fig_NAME.py DIR` calls it
+        capsys.readouterr()
+        assert runpy.run_path(str(ROOT / "scripts" / f"fig_{name}.py"))["main"]([str(tmp_path)]) == 0
+        out = capsys.readouterr().out
         if name in ("model_update", "ln_input_norm", "grad_norm_by_layer"):
-            assert out.stdout.startswith("wrote")
+            assert out.startswith("wrote")
         else:
-            assert out.stdout.startswith(f"skipped {name}: ") and "stabexp run experiment=" in out.stdout
+            assert out.startswith(f"skipped {name}: ") and "stabexp run experiment=" in out
