@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-WALL = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "resumed_from", "out_dir")
+from stabexp.train.files import WALL_CLOCK as WALL
 SKIP = ("run.lock", "stabexp.log", "error.txt")
 
 

@@ -8,6 +8,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from stabexp.config import conf_dir
+from stabexp.train.files import WALL_CLOCK as WALL
 
 # Tiny and fast: every test model is 2 layers of d=16 unless it says otherwise.
 TINY = ["model.d_model=16", "model.ffn_dim=32", "model.n_heads=2", "depth=2",
@@ -58,10 +59,6 @@ def run_cli(outputs, *args, cwd=None, timeout=600):
     return subprocess.run(cli_command(*args), capture_output=True, text=True, env=cli_env(outputs),
                           cwd=cwd, timeout=timeout)
 
-
-# Columns and summary fields that hold wall-clock time (or the folder): what two runs of one
-# config may write differently.
-WALL = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "resumed_from", "out_dir")
 
 
 def assert_same_files(a: Path, b: Path, note: str = "") -> None:

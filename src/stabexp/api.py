@@ -19,7 +19,7 @@ here. docs/api.md has a worked example.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
@@ -59,11 +59,15 @@ class Run:
     config: dict                    # config.yaml: the resolved config the run trained with
     metrics: pd.DataFrame           # metrics.csv as written: one row per recorded step
     layers: pd.DataFrame            # layers.csv as written: one row per step and sublayer (or weight)
-    tables: Tables = field(repr=False, default_factory=Tables)  # the run as a sweep of one (runs, ...)
 
     @property
     def status(self) -> str:
         return self.summary.get("status", "unknown")
+
+    @property
+    def tables(self) -> Tables:
+        """The run as a sweep of one (runs, metrics, layers with the run's columns), read when asked."""
+        return collect(self.folder)
 
 
 class Sweep(Tables):
@@ -100,7 +104,7 @@ def load_run(path: PathLike, root: Optional[PathLike] = None) -> Run:
 
         config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
     return Run(folder=folder, summary=summary, config=config, metrics=_csv(folder / "metrics.csv"),
-               layers=_csv(folder / "layers.csv"), tables=collect(folder))
+               layers=_csv(folder / "layers.csv"))
 
 
 def _csv(path: Path) -> pd.DataFrame:

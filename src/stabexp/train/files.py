@@ -17,6 +17,9 @@ from typing import Dict, Optional, Tuple
 from stabexp.atomic import write_atomic
 
 SUMMARY = "summary.json"
+# What two runs of one config may write differently: the wall-clock columns and summary fields,
+# and the folder itself (a resumed run, or the same run in another place).
+WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "resumed_from", "out_dir")
 LOCK = "run.lock"
 
 
