@@ -33,6 +33,11 @@ from conftest import one_line_error
     (["experiment=depth_table", "depth=0"], ["depth=0", ">= 1"]),
     (["model=normmlp", "task=teacher", "probe.at_init=true"], ["probe.at_init=True", "normmlp has none"]),
     (["train.warmup_init_lr=1e-7", "train.warmup_steps=0"], ["train.warmup_steps=0", "warmup_init_lr"]),
+    (["group.decoder_residual=prenl"], ["group.decoder_residual=prenl", "preln"]),
+    (["group=hybrid_postln_preln", "model.arch=decoder_only", "task=lm"],
+     ["group.decoder_residual=preln", "model.arch=transformer"]),
+    (["group=admin", "group.decoder_residual=preln"], ["group.init=admin_profiled", "every stack"]),
+    (["group=dlcl", "probe.dependency=true"], ["probe.dependency=True", "dlcl"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_main, args, words):
     r = stabexp_main("run", *args)

@@ -169,3 +169,13 @@ def test_the_python_examples_run_on_a_sweep_of_real_runs(make_cfg, tmp_path, mon
         exec(compile(code, "<docs>", "exec"), {})
     out = capsys.readouterr().out
     assert "deepnorm" in out and "| group |" in out
+    # outputs.md's export example, on the run its commands make.
+    from stabexp import export
+
+    run = tmp_path / "outputs" / "runs" / "depth=6__group=admin__train.save_model=true"
+    train(make_cfg("group=admin", "depth=6", "train.save_model=true"), run)
+    assert export.main([str(run)]) == 0
+    (code,) = re.findall(r"^```python\n(.*?)^```", (ROOT / "docs" / "outputs.md").read_text(), re.S | re.M)
+    scope = {}
+    exec(compile(code, "<docs>", "exec"), scope)
+    assert scope["postln"].config.residual == "postln" and scope["admin"].config.residual == "admin"

@@ -136,6 +136,8 @@ def test_single_stack_constants_of_the_other_groups(make_cfg):
 
 @pytest.mark.parametrize("overrides, match", [
     (["group=t_fixup"], "group.init=t_fixup is not allowed: its constants are defined for an encoder-decoder only"),
+    (["group=hybrid_preln_postln"], "group.encoder_residual=preln is not allowed: a placement per stack needs the "
+                                    "encoder-decoder"),
     (["decoder_depth=3"], "decoder_depth=3 is not allowed: model.arch=decoder_only has one stack"),
     (["model.arch=transformer"], "task=lm is not allowed: model.arch=transformer trains on tasks of kind"),
     (["task.subword=words"], "task.subword=words is not allowed: one of bpe, unigram, char"),
@@ -171,7 +173,11 @@ def test_single_stack_runs_write_the_probes_and_the_test_loss(make_cfg, tmp_path
 GROUPS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "group").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("group", [g for g in GROUPS if g != "t_fixup"])
-def test_every_group_but_t_fixup_trains_a_decoder_only_model(make_cfg, tmp_path, group):
+# T-Fixup's constants and the hybrids' two placements need an encoder-decoder (each a clear error).
+ENCODER_DECODER_ONLY = ("t_fixup", "hybrid_postln_preln", "hybrid_preln_postln")
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g not in ENCODER_DECODER_ONLY])
+def test_every_single_stack_group_trains_a_decoder_only_model(make_cfg, tmp_path, group):
     summary = train(_cfg(make_cfg, f"group={group}", "train.steps=2", "train.eval_every=2"), tmp_path)
     assert summary["status"] == "completed" and list(summary["constants"]["alpha"]) == ["decoder"]

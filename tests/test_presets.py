@@ -24,12 +24,15 @@ FIGURES = sorted(p.stem[len("fig_"):] for p in (ROOT / "scripts").glob("fig_*.py
 # Fewer steps than scale=quick itself, to keep the suite fast; the at-init presets train 0 steps.
 SHORT = ["train.steps=12", "probe.first_steps=4", "probe.every=4", "train.eval_every=6"]
 TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd", "multi30k_table", "deepnet_early_paper",
-          "deepnet_depth_paper", "lm_depth", "lr_sensitivity"}
+          "deepnet_depth_paper", "lm_depth", "lr_sensitivity", "admin_hybrid", "admin_grid", "admin_dependency",
+          "admin_rezero"}
 # Presets on Multi30k: the toy corpus stands in for it.
-ON_MULTI30K = {"multi30k_table", "admin_clinic", "deepnet_early_paper", "deepnet_depth_paper"}
+ON_MULTI30K = {"multi30k_table", "admin_clinic", "deepnet_early_paper", "deepnet_depth_paper", "admin_rezero"}
 # Narrower than their quick sweeps, the two largest (51 and 72 jobs), to keep the suite fast:
 # still several groups, depths and seeds for every table, fit and figure they feed.
-NARROWER = {"depth_table": ["depth=2,3"], "grad_at_init": ["seed=0,1,2"]}
+NARROWER = {"depth_table": ["depth=2,3"], "grad_at_init": ["seed=0,1,2"], "admin_grad_vanishing": ["seed=0"],
+            "admin_hybrid": ["depth=3"], "admin_grid": ["optim.betas=[0.9,0.99],[0.9,0.999]"],
+            "admin_rezero": ["group=rezero,admin"]}
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +75,9 @@ def test_every_preset_composes_to_a_valid_multirun(preset, scale):
     assert cfg.experiment == preset and cfg.scale == scale
     params = dict(cfg.hydra.sweeper.params)
     assert set(params) <= {"group", "depth", "seed", "model", "optim", "train.lr", "optim.weight_decay",
-                           "model.qk_norm", "train.z_loss"}
+                           "model.qk_norm", "train.z_loss", "optim.betas"}
     if scale == "quick":
-        assert cfg.model.d_model == 16 and params.get("depth", "2,3,4") == "2,3,4"
+        assert cfg.model.d_model == 16 and all(int(d) <= 4 for d in str(params.get("depth", "2")).split(","))
         assert cfg.depth <= 4 or "depth" in params
     with open_dict(cfg):
         del cfg["hydra"]
@@ -115,6 +118,8 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     assert counts["deepnet_depth_paper"] == 2 * 3 and counts["grad_at_init"] == 3 * 3 * 3
     assert counts["depth_table"] == 17 * 2
     assert counts["lm_depth"] == 4 * 3 and counts["lr_sensitivity"] == 2 * 2 * 2
+    assert counts["admin_grad_vanishing"] == 4 * 2 and counts["admin_hybrid"] == 4
+    assert counts["admin_grid"] == 3 * 2 * 2 and counts["admin_dependency"] == 3 and counts["admin_rezero"] == 2
     lm = runs[runs.experiment.isin(["lm_depth", "lr_sensitivity"])]
     assert lm.task.eq("lm").all() and lm.decoder_depth.isna().all()
     paper_recipe = runs[runs.experiment.str.endswith("_paper")]
@@ -128,6 +133,10 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     assert (trained.steps_done == 12).all()
     at_init = metrics[metrics.experiment == "admin_output_change"]
     assert (at_init.step == 0).all() and at_init.output_change.gt(0).all()
+    vanishing = layers[layers.experiment == "admin_grad_vanishing"]
+    assert vanishing.output_grad_norm.gt(0).all()
+    dependency = pd.read_csv(quick_outputs.outputs / "collected" / "dependency.csv")
+    assert set(dependency.experiment) == {"admin_dependency"} and set(dependency.step) == {0, 12}
     w2 = layers[(layers.experiment == "grad_at_init")]
     assert w2[w2.sublayer == "ffn"].w2_grad_norm.gt(0).all()
     assert w2[w2.sublayer != "ffn"].w2_grad_norm.isna().all()

@@ -152,8 +152,8 @@ def test_rezero_and_fixup_are_the_identity_at_init(make_cfg, group):
     src = torch.randint(1, 16, (4, 7))
     tgt = torch.randint(1, 16, (4, 5))
     with torch.no_grad():
-        torch.testing.assert_close(model.encode(src), model._embed(src))
-        torch.testing.assert_close(model.features(src, tgt), model._embed(tgt))
+        torch.testing.assert_close(model.encode(src), model._embed(src, "encoder"))
+        torch.testing.assert_close(model.features(src, tgt), model._embed(tgt, "decoder"))
 
 
 def test_rezero_has_one_alpha_per_layer_shared_by_its_sublayers(make_cfg):

@@ -47,7 +47,9 @@ def test_every_group_runs_and_writes_tidy_files(make_cfg, tmp_path, group):
     assert at_init.input_change.notna().all() and at_init.grad_norm.ge(0).all()
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["status"] == "completed" and written["group"] == group
-    assert written["constants"]["residual"] == cfg.group.residual
+    g = cfg.group
+    placements = {s: g[f"{s}_residual"] or g.residual for s in ("encoder", "decoder")}
+    assert written["constants"]["residual"] == (g.residual if len(set(placements.values())) == 1 else placements)
     assert (tmp_path / "config.yaml").exists()
 
 

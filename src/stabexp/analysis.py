@@ -7,6 +7,8 @@
   ONE deep encoder, fitted linear and log in the sublayer index i (clinic_fits).
 - Gradient at init against depth (Xiong et al. 2020, Sec. 3): the slope of log ||grad W_2|| on
   log L, 0 for a depth-independent gradient and -1/2 for one shrinking like 1/sqrt(L).
+- Admin's Theorem 1 (Liu et al. 2020, Sec. 3): the gradient of each sublayer's output at init
+  relative to the largest in the network; where a stack's gradients vanish (output_gradients).
 Every fitted number comes with its spread over seeds: one draw is not a result.
 """
 
@@ -198,6 +200,107 @@ def preln_stream_growth(layers: pd.DataFrame) -> pd.DataFrame:
                     "first": mean_sq.iloc[0], "last": mean_sq.iloc[-1], "slope": fit["slope"], "r2": fit["r2"],
                     "runs": per_run["n"], "run_r2": f"{per_run['min']:.3f}-{per_run['max']:.3f}"})
     return pd.DataFrame(out)
+
+
+# --- Admin Theorem 1: where the gradient vanishes at init ---------------------------------
+
+def output_gradients(layers: pd.DataFrame) -> pd.DataFrame:
+    """Per run and residual sublayer at init: the gradient norm of the sublayer's output
+    (`output_grad_norm`) divided by the largest of the run's network, both stacks together, with
+    `index` the sublayer's position from the bottom of its stack."""
+    columns = ["run", "group", "depth", "seed", "stack", "layer", "sublayer", "index", "relative"]
+    if layers.empty or "output_grad_norm" not in layers:
+        return pd.DataFrame(columns=columns)
+    rows = layers[layers.step == 0].dropna(subset=["output_grad_norm"])
+    if "param" in rows:
+        rows = rows[rows.param.isna()]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    largest = rows.groupby("run").output_grad_norm.transform("max")
+    rows = rows.assign(relative=rows.output_grad_norm / largest,
+                       index=rows.groupby(["run", "stack"]).cumcount() + 1)
+    return rows[columns].reset_index(drop=True)
+
+
+def vanishing_table(gradients: pd.DataFrame) -> pd.DataFrame:
+    """Per group, depth and stack, over seeds: the relative output gradient of the stack's bottom
+    layer (mean over its sublayers) and top layer, the smallest in the stack, and per kind of
+    sublayer the factor the gradient keeps across one (the gradient at its input, which is the
+    output of the sublayer below, over the gradient at its output; geometric mean over the
+    stack's sublayers of that kind and over runs; below 1 it shrinks going down)."""
+    out = []
+    for (group, depth, stack), rows in gradients.groupby(["group", "depth", "stack"]):
+        per_run, drops = [], []
+        for _, run in rows.groupby("run"):
+            run = run.sort_values("index")
+            per_run.append({"bottom": run[run.layer == run.layer.min()].relative.mean(),
+                            "top": run[run.layer == run.layer.max()].relative.mean(),
+                            "smallest": run.relative.min()})
+            below = run.relative.shift(1)
+            drops.append(pd.DataFrame({"sublayer": run.sublayer, "log_keep": np.log(below / run.relative)}).dropna())
+        frame, drop = pd.DataFrame(per_run), pd.concat(drops)
+        keep = np.exp(drop.groupby("sublayer").log_keep.mean())
+        bottom = spread(frame.bottom)
+        out.append({"group": group, "depth": int(depth), "stack": stack, "runs": len(frame),
+                    "bottom": bottom["mean"], "bottom_range": f"{bottom['min']:.3g}-{bottom['max']:.3g}",
+                    "top": frame.top.mean(), "smallest": frame.smallest.mean(),
+                    "kept_across": ", ".join(f"{k} {v:.3g}" for k, v in keep.items())})
+    return pd.DataFrame(out)
+
+
+# --- Admin's residual dependency (probes/dependency.py) ------------------------------------
+
+def dependency_summary(dependency: pd.DataFrame) -> pd.DataFrame:
+    """Per group, depth, stack and moment (init: step 0; end: the run's last step), over runs:
+    beta_ii (each sublayer's dependency on its own branch) at the second sublayer, its mean over
+    sublayers 2..n and at the last one; beta_n0 (the last sublayer's dependency on the
+    embedding); and the mean over sublayers of sum_j beta_ij^2 (1 for orthogonal parts)."""
+    columns = ["group", "depth", "stack", "when", "runs", "sublayers", "own_at_2", "own_mean", "own_at_last",
+               "embedding_at_last", "sum_sq"]
+    if dependency.empty:
+        return pd.DataFrame(columns=columns)
+    last = dependency.groupby("run").step.transform("max")
+    frame = dependency.assign(when=np.where(dependency.step == 0, "init", np.where(dependency.step == last, "end", "")))
+    frame = frame[frame.when != ""]
+    out = []
+    for (group, depth, stack, when), rows in frame.groupby(["group", "depth", "stack", "when"], sort=False):
+        own = rows[rows.component == rows.sublayer]
+        n = int(rows.sublayer.max())
+        sum_sq = rows.assign(sq=rows.beta ** 2).groupby(["run", "sublayer"]).sq.sum()
+        out.append({"group": group, "depth": int(depth), "stack": stack, "when": when, "runs": rows.run.nunique(),
+                    "sublayers": n, "own_at_2": own[own.sublayer == 2].beta.mean(),
+                    "own_mean": own[own.sublayer >= 2].beta.mean(), "own_at_last": own[own.sublayer == n].beta.mean(),
+                    "embedding_at_last": rows[(rows.sublayer == n) & (rows.component == 0)].beta.mean(),
+                    "sum_sq": sum_sq.mean()})
+    return pd.DataFrame(out, columns=columns)
+
+
+# --- Admin's (lr, beta2) grid without warm-up ----------------------------------------------
+
+def grid_counts(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per group and decade of lr in an lr sweep: cells, how many diverged (the run's rule) and
+    completed, and against Pre-LN (same lr and other settings) in how many of its completed cells
+    the group's final eval loss is the lower one (both completed)."""
+    runs = runs.assign(setting=runs.apply(run_setting, axis=1).map(_without_group),
+                       decade=np.floor(np.log10(runs.lr.astype(float)) + 1e-9).astype(int))
+    preln = runs[runs.group == "preln"].set_index(["setting", "lr"])
+    out = []
+    for (group, decade), rows in runs.groupby(["group", "decade"]):
+        done = rows[rows.status == "completed"]
+        wins = both = 0
+        for _, r in done.iterrows():
+            key = (r.setting, r.lr)
+            if group != "preln" and key in preln.index and preln.loc[key].status == "completed":
+                both += 1
+                wins += int(r.final_eval_loss < preln.loc[key].final_eval_loss)
+        out.append({"group": group, "lrs": f"{rows.lr.min():g}-{rows.lr.max():g}", "cells": len(rows),
+                    "diverged": int((rows.status == "diverged").sum()), "completed": len(done),
+                    "below_preln": f"{wins} of {both}" if group != "preln" else "-"})
+    return pd.DataFrame(out)
+
+
+def _without_group(setting: str) -> str:
+    return " ".join(part for part in setting.split() if not part.startswith("group="))
 
 
 # --- Admin Theorem 2 along one deep encoder (Transformer-Clinic's protocol) ----------------

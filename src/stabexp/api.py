@@ -7,6 +7,7 @@ These are the readers `stabexp report` and `make plots` use, so a notebook sees 
     sweep.runs                       # one row per run: group, depth, seed, status, final losses, ...
     sweep.metrics                    # one row per run and step (metrics.csv of every run)
     sweep.layers                     # one row per run, step and sublayer (layers.csv)
+    sweep.dependency                 # probe.dependency: per run, step, sublayer, component
     run = api.load_run(sweep.runs.run[0], root=sweep.folder)
     run.summary["constants"], run.config["train"]["lr"], run.metrics.model_update
     print(api.report(sweep.folder))  # the markdown `stabexp report` prints
@@ -59,6 +60,7 @@ class Run:
     config: dict                    # config.yaml: the resolved config the run trained with
     metrics: pd.DataFrame           # metrics.csv as written: one row per recorded step
     layers: pd.DataFrame            # layers.csv as written: one row per step and sublayer (or weight)
+    dependency: pd.DataFrame        # dependency.csv (probe.dependency); empty without it
 
     @property
     def status(self) -> str:
@@ -72,7 +74,7 @@ class Run:
 
 class Sweep(Tables):
     """The tables of every run under a folder (a sweep, or a whole outputs tree): `runs`,
-    `metrics`, `layers`, and the `folder` they were read from."""
+    `metrics`, `layers`, `dependency`, and the `folder` they were read from."""
 
     def __init__(self, tables: Tables, folder: Path):
         super().__init__(tables)
@@ -104,7 +106,7 @@ def load_run(path: PathLike, root: Optional[PathLike] = None) -> Run:
 
         config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
     return Run(folder=folder, summary=summary, config=config, metrics=_csv(folder / "metrics.csv"),
-               layers=_csv(folder / "layers.csv"))
+               layers=_csv(folder / "layers.csv"), dependency=_csv(folder / "dependency.csv"))
 
 
 def _csv(path: Path) -> pd.DataFrame:

@@ -24,6 +24,7 @@ USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one 
        stabexp status [SWEEP_DIR]                          every run of a sweep: completed, running, ...
        stabexp report [SWEEP_DIR]                          a sweep as a markdown table (group x depth)
        stabexp bench [--sizes tiny,small] [--depths 6,18,50]  speed and memory against torch.nn.Transformer
+       stabexp export RUN_FOLDER [OUT_FILE]                an Admin run's final weights as a Post-LN model
 Examples:
   stabexp run group=postln depth=18
   stabexp run -m group=postln,postln_warmup depth=6,18
@@ -157,7 +158,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         from stabexp.bench import main as bench_main
 
         return bench_main(rest)
-    print(f"stabexp: error: unknown command {command!r}: use run, list, status, report or bench", file=sys.stderr)
+    if command == "export":
+        from stabexp.export import main as export_main
+
+        return export_main(rest)
+    print(f"stabexp: error: unknown command {command!r}: use run, list, status, report, bench or export",
+          file=sys.stderr)
     return 2
 
 

@@ -77,7 +77,7 @@ if not OmegaConf.has_resolver("stabexp_outputs"):
 
 # --- schema --------------------------------------------------------------------------------
 
-SCHEDULES = ("constant", "warmup_inverse_sqrt", "inverse_sqrt_nowarmup")
+SCHEDULES = ("constant", "warmup_inverse_sqrt", "inverse_sqrt_nowarmup", "warmup_linear_decay")
 # transformer: the encoder-decoder; decoder_only / encoder_only: one stack (model/lm.py).
 ARCHS = ("transformer", "decoder_only", "encoder_only", "normmlp")
 TASKS_OF_ARCH = {"transformer": ("sort", "reverse", "translation"), "decoder_only": ("lm",), "encoder_only": ("lm",),
@@ -96,6 +96,10 @@ class GroupConfig:
     description: str = ""      # one line for `stabexp list`
     citation: str = ""         # paper (and section) the group reproduces
     residual: str = MISSING    # a key of model/transformer.py PLACEMENTS
+    # An encoder-decoder's stack with a placement of its own (Admin's hybrid table: a Post-LN
+    # encoder under a Pre-LN decoder, and the reverse); null: `residual`.
+    encoder_residual: Optional[str] = None
+    decoder_residual: Optional[str] = None
     init: str = MISSING        # a key of model/init.py INIT_RULES
     schedule: str = MISSING    # one of SCHEDULES; see train/schedule.py
 
@@ -159,10 +163,10 @@ class TaskConfig:
 class OptimConfig:
     """The optimiser (conf/optim/*.yaml)."""
 
-    name: str = MISSING         # adam (coupled L2 decay), adamw, adamw_independent, sgd or sgdm:
-                                # train/optim.py
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])  # adam, adamw
-    eps: float = 1e-8           # adam, adamw
+    name: str = MISSING         # adam (coupled L2 decay), adamw, adamw_independent, radam, sgd
+                                # or sgdm: train/optim.py
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])  # adam, adamw, radam
+    eps: float = 1e-8           # adam, adamw, radam
     momentum: float = 0.0       # sgdm
     weight_decay: float = 0.0   # lambda, PyTorch's convention for each optimiser
     decay_on: str = "matrices"  # matrices (and embeddings) only, or all parameters
@@ -198,6 +202,8 @@ class TrainConfig:
     # A checkpoint every so many steps (and whenever the process is asked to stop), from which
     # the same command resumes (train/checkpoint.py); 0: only when asked to stop.
     checkpoint_every: int = 200
+    save_model: bool = False    # keep the final weights in the run folder (model.pt), for
+                                # `stabexp export` and your own analysis
 
 
 @dataclass
@@ -215,6 +221,9 @@ class ProbeConfig:
     # Norm, angular update and effective lr of every weight matrix (probes/weights.py) in the
     # layers rows of each probe step, plus which weights are scale-invariant.
     weights: bool = False
+    # Admin's residual dependency (probes/dependency.py): each sublayer's output decomposed
+    # into the embedding and every earlier branch, into dependency.csv at init and at the end.
+    dependency: bool = False
 
 
 @dataclass
@@ -313,13 +322,21 @@ def validate(cfg: DictConfig) -> None:
               f"its constants are defined for an encoder-decoder only (model.arch=transformer), "
               f"not for model.arch={m.arch}")
     _need(g.residual in PLACEMENTS, "group.residual", g.residual, f"one of {', '.join(PLACEMENTS)}")
+    for key in ("encoder_residual", "decoder_residual"):
+        if g[key] is not None:
+            _need(g[key] in PLACEMENTS, f"group.{key}", g[key], f"one of {', '.join(PLACEMENTS)} (or null)")
+            _need(m.arch == "transformer", f"group.{key}", g[key],
+                  f"a placement per stack needs the encoder-decoder (model.arch=transformer), "
+                  f"not model.arch={m.arch}")
+    placements = {g[f"{s}_residual"] or g.residual for s in ("encoder", "decoder")}
     _need(g.init in INIT_RULES, "group.init", g.init, f"one of {', '.join(INIT_RULES)}")
     _need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
-    _need(g.init not in ("admin_profiled", "admin_closed_form") or g.residual == "admin", "group.init",
-          g.init, f"{g.init} sets Admin's omegas, so it needs group.residual=admin")
+    _need(g.init not in ("admin_profiled", "admin_closed_form") or placements == {"admin"}, "group.init",
+          g.init, f"{g.init} sets Admin's omegas, so it needs group.residual=admin in every stack")
     _need(m.norm in NORMS, "model.norm", m.norm, f"one of {', '.join(NORMS)}")
-    _need(m.norm == "layernorm" or PLACEMENTS[g.residual].residual.has_norm, "model.norm", m.norm,
-          f"group.residual={g.residual} has no normalisation to replace (layernorm only)")
+    for placement in sorted(placements):
+        _need(m.norm == "layernorm" or PLACEMENTS[placement].residual.has_norm, "model.norm", m.norm,
+              f"group.residual={placement} has no normalisation to replace (layernorm only)")
     for key in ("d_model", "ffn_dim", "n_heads"):
         _need(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
     _need(m.d_model % m.n_heads == 0, "model.n_heads", m.n_heads,
@@ -389,5 +406,9 @@ def validate(cfg: DictConfig) -> None:
     _need(p.enabled or not p.at_init, "probe.at_init", p.at_init, "needs probe.enabled=true")
     _need(m.arch != "normmlp" or not p.at_init, "probe.at_init", p.at_init,
           "measures residual sublayers, and model=normmlp has none")
+    _need(m.arch != "normmlp" or not p.dependency, "probe.dependency", p.dependency,
+          "decomposes residual sublayers, and model=normmlp has none")
+    _need(not p.dependency or "dlcl" not in placements, "probe.dependency", p.dependency,
+          "group.residual=dlcl mixes whole layer outputs, which the decomposition does not follow")
     _need(p.perturbation_draws >= 1, "probe.perturbation_draws", p.perturbation_draws, "must be an integer >= 1")
     _need(p.grad_batches >= 0, "probe.grad_batches", p.grad_batches, "must be >= 0 (0: no gradient at init)")

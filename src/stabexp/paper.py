@@ -41,3 +41,15 @@ DEEPNET_EARLY_DECODER_GRAD = {
     "postln_warmup": {1: 0.0, 15: 0.3, 18: 0.8},
     "postln_init": {1: 0.14, 18: 0.8},
 }
+
+# Admin's residual dependency, read off Transformer-Clinic's img/6_layer_dependency.png (a 6L
+# encoder, 12 sublayers) and img/18_layer_dependency.png: beta_ii, the dependency of sublayer i's
+# output on its own branch, as ranges (low, high) over the sublayers, at init and after training.
+ADMIN_DEPENDENCY_DIAGONAL = {
+    ("postln", "init"): "0.45-0.6 (6L)",
+    ("postln", "end"): "0.45-0.65 (6L)",
+    ("preln", "init"): "0.45 at x2 falling to 0.3 at x12 (6L)",
+    ("preln", "end"): "0.35-0.45 (6L)",
+    ("admin", "init"): "0.4 early, 0.15-0.2 deep (18L)",
+    ("admin", "end"): "0.3-0.4 (18L)",
+}

@@ -155,7 +155,10 @@ a single run), multirun True when the run is a multirun (-m, or a
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             parsed = parse(overrides)
-            first = [c[0] for c in _values_of(parsed, config_dirs)]
+            # The command's own lines when nothing sweeps: Hydra names the run folder from them
+            # (`x=true` stays `true`, where a parsed value would print as `True`).
+            first = ([c[0] for c in _values_of(parsed, config_dirs)]
+                     if any(o.is_sweep_override() for o in parsed) else list(overrides))
             hydra_cfg = compose_one(parsed, first, return_hydra_config=True).hydra
             run_dir = Path(str(hydra_cfg.run.dir))
             multirun = multirun or str(hydra_cfg.mode) in ("MULTIRUN", "RunMode.MULTIRUN")

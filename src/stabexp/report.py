@@ -18,14 +18,18 @@ from stabexp import paper
 from stabexp.analysis import (
     clinic_fits,
     clinic_ratio,
+    dependency_summary,
     encoder_input_change,
+    grid_counts,
     lr_sensitivity_table,
     run_setting,
     last_w2_grad,
     output_change_fits,
     output_change_table,
+    output_gradients,
     preln_stream_growth,
     smd_equilibrium,
+    vanishing_table,
     w2_grad_slopes,
 )
 from stabexp.config import outputs_dir
@@ -40,7 +44,8 @@ def _cell(runs: pd.DataFrame) -> str:
     if not done.empty:
         n = f", n={len(done)}" if len(done) > 1 else ""
         if _translation(done):
-            parts.append(f"BLEU {done.test_bleu.mean():.2f} (loss {done.final_eval_loss.mean():.3f}{n})")
+            spread = (f" [{done.test_bleu.min():.2f}-{done.test_bleu.max():.2f}]" if len(done) > 1 else "")
+            parts.append(f"BLEU {done.test_bleu.mean():.2f}{spread} (loss {done.final_eval_loss.mean():.3f}{n})")
         else:
             parts.append(f"{done.final_eval_loss.mean():.3f} ({done.final_eval_acc.mean():.3f}{n})")
     parts += [f"diverged @ step {int(k)}" for k in diverged.diverged_at_step]
@@ -104,11 +109,44 @@ def fits_section(tables) -> List[str]:
                   "log-log slope (0: flat, -0.5: 1/sqrt(L)).", ""]
         lines += _markdown(slopes, {"slope": "{:+.3f}", "r2": "{:.3f}", "seed_slope_sd": "{:.3f}",
                                     "seed_slope_min": "{:+.3f}", "seed_slope_max": "{:+.3f}"})
+    vanishing = vanishing_table(output_gradients(tables["layers"]))
+    if not vanishing.empty:
+        rank = {g: i for i, g in enumerate(ordered_groups(vanishing.group))}
+        vanishing = vanishing.assign(rank=vanishing.group.map(rank)).sort_values(["depth", "rank", "stack"])
+        lines += ["", "Gradient of each sublayer's output at init relative to the largest in the network "
+                  "(Admin Theorem 1; Transformer-Clinic's `--plot_gradient`), mean over runs: the stack's "
+                  "bottom layer (bottom_range: min-max over runs), its top layer, its smallest sublayer, "
+                  "and per kind of sublayer the factor the gradient keeps across one (input over output, "
+                  "geometric mean; below 1: it shrinks going down).", ""]
+        lines += _markdown(vanishing[["group", "depth", "stack", "runs", "bottom", "bottom_range", "top",
+                                      "smallest", "kept_across"]],
+                           {"bottom": "{:.3g}", "top": "{:.3g}", "smallest": "{:.3g}"})
+    lines += dependency_section(tables.get("dependency", pd.DataFrame()))
     growth = preln_stream_growth(tables["layers"])
     if not growth.empty:
         lines += ["", "Pre-LN residual stream at init (Xiong et al. 2020): squared norm of each sublayer's "
                   "input against its position, linear fit.", ""]
         lines += _markdown(growth, {"first": "{:.1f}", "last": "{:.1f}", "slope": "{:.2f}", "r2": "{:.3f}"})
+    return lines
+
+
+def dependency_section(dependency: pd.DataFrame) -> List[str]:
+    """Admin's residual dependency (probe.dependency), with the values read off Clinic's figures."""
+    table = dependency_summary(dependency)
+    if table.empty:
+        return []
+    rank = {g: i for i, g in enumerate(ordered_groups(table.group))}
+    when = {"init": 0, "end": 1}
+    table = table.assign(rank=table.group.map(rank), w=table.when.map(when)).sort_values(["depth", "stack", "w", "rank"])
+    base = table.group.str.replace("_warmup", "", regex=False)
+    table = table.assign(paper=[paper.ADMIN_DEPENDENCY_DIAGONAL.get((g, w), "-") for g, w in zip(base, table.when)])
+    lines = ["", "Residual dependency (Admin Sec. 4.1; Transformer-Clinic's `--plot_variance`): beta_ii, the share "
+             "of sublayer i's output that comes from its own branch, at i = 2, its mean over i >= 2 and at the last "
+             "sublayer; the last sublayer's share from the embedding; mean of sum_j beta_ij^2 (1: orthogonal "
+             "parts). paper: beta_ii read off Clinic's figures.", ""]
+    lines += _markdown(table[["group", "depth", "stack", "when", "runs", "own_at_2", "own_mean", "own_at_last",
+                              "embedding_at_last", "sum_sq", "paper"]],
+                       {k: "{:.3f}" for k in ("own_at_2", "own_mean", "own_at_last", "embedding_at_last", "sum_sq")})
     return lines
 
 
@@ -203,6 +241,12 @@ def lr_section(tables) -> List[str]:
                 r = by_lr.loc[lr]
                 cells.append(f"{r.final_eval_loss:.3f}" if r.status == "completed" else str(r.status))
         lines.append(f"| {setting} | " + " | ".join(cells) + f" | {rows.lr_sensitivity.iloc[0]:.3f} |")
+    runs = tables["runs"]
+    if runs.group.nunique() > 1 and (runs.group == "preln").any():
+        lines += ["", "Per group and decade of lr: cells that diverged (loss above the run's limit) or completed; "
+                  "below_preln: completed cells whose final eval loss is below Pre-LN's at the same setting, "
+                  "of those where both completed.", ""]
+        lines += _markdown(grid_counts(runs), {})
     loss_0 = table.loss_0.dropna()
     lines += ["", "Cells: final eval loss. LR sensitivity: E_eta[min(loss(eta), loss_0) - loss*] over the lr "
               "grid (Wortsman et al. 2023), loss_0 the eval loss at init"

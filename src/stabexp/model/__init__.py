@@ -22,13 +22,16 @@ def build_model(cfg, vocab_size: int, pad_id: Optional[int] = None, max_position
     # `depth` counts the layers of a single stack; an encoder-decoder has N = depth, M = decoder_depth.
     n_enc = 0 if arch == "decoder_only" else cfg.depth
     n_dec = 0 if arch == "encoder_only" else (cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth)
+    g = cfg.group
+    placement = {"encoder": g.encoder_residual or g.residual, "decoder": g.decoder_residual or g.residual}
     alphas = {"encoder": 1.0, "decoder": 1.0}
-    if cfg.group.residual == "deepnorm":  # the paper's alphas, which torchscale shares
-        alphas.update({s: c["alpha"] for s, c in deepnorm_constants(n_enc, n_dec).items()})
+    for stack, k in deepnorm_constants(n_enc, n_dec).items():
+        if placement[stack] == "deepnorm":  # the paper's alphas, which torchscale shares
+            alphas[stack] = k["alpha"]
     c = TransformerConfig(
         **model_options(cfg.model), vocab_size=vocab_size, encoder_layers=n_enc, decoder_layers=n_dec,
-        residual=cfg.group.residual, encoder_alpha=alphas["encoder"], decoder_alpha=alphas["decoder"],
-        max_len=max_positions, pad_id=pad_id,
+        residual=g.residual, encoder_residual=g.encoder_residual, decoder_residual=g.decoder_residual,
+        encoder_alpha=alphas["encoder"], decoder_alpha=alphas["decoder"], max_len=max_positions, pad_id=pad_id,
     )
     return LanguageModel(c, arch) if arch in SINGLE_STACK else Seq2SeqTransformer(c)
 
@@ -38,10 +41,14 @@ def initialise(model, rule: str, batch: Callable) -> Dict:
     NormMLP has its own init (He normal, in its constructor) and no residual style."""
     if isinstance(model, NormMLP):
         return {"residual": None, "init": "kaiming_normal (model/normmlp.py)"}
-    has_norm = PLACEMENTS[model.config.residual].residual.has_norm
+    c = model.config
     stacks = [s for s in ("encoder", "decoder") if len(getattr(model, s))]
-    alpha = {"encoder": model.config.encoder_alpha, "decoder": model.config.decoder_alpha}
-    constants: Dict = {"residual": model.config.residual, "init": rule,
+    has_norm = any(PLACEMENTS[c.placement(s)].residual.has_norm for s in stacks)
+    alpha = {"encoder": c.encoder_alpha, "decoder": c.decoder_alpha}
+    placements = {s: c.placement(s) for s in stacks}
+    # One name when every stack has the same placement; per stack for a hybrid.
+    residual = c.residual if len(set(placements.values())) == 1 else placements
+    constants: Dict = {"residual": residual, "init": rule,
                        "norm": model.config.norm if has_norm else None,
                        "qk_norm": model.config.qk_norm,
                        "alpha": {s: alpha[s] for s in stacks}}

@@ -35,7 +35,7 @@ class LanguageModel(TokenModel):
     bidirectional, c.encoder_layers. No padding: the task cuts fixed-length windows of text."""
 
     def __init__(self, c: TransformerConfig, arch: str):
-        super().__init__(c)
+        super().__init__(c, stacks=(SINGLE_STACK[arch],))
         self.arch, self.stack = arch, SINGLE_STACK[arch]
         p = PLACEMENTS[c.residual]
         causal = self.stack == "decoder"
@@ -61,7 +61,7 @@ class LanguageModel(TokenModel):
     def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """F(x, theta): the top hidden state of the stack over the sequence tgt_in, (B, T, d)."""
         history = getattr(self, f"{self.stack}_history")
-        x = self._run_stack(self.layers, history, self._embed(tgt_in))
+        x = self._run_stack(self.layers, history, self._embed(tgt_in, self.stack))
         return getattr(self, f"{self.stack}_final_ln")(x)
 
     def residuals(self) -> Iterator[Tuple[str, int, str, Residual]]:

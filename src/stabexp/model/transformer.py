@@ -48,11 +48,20 @@ class TransformerConfig(ModelOptions):
     vocab_size: int            # shared source/target vocabulary (embeddings tied with the output)
     encoder_layers: int = 6    # N
     decoder_layers: int = 6    # M
-    residual: str = "postln"   # a key of PLACEMENTS
+    residual: str = "postln"   # a key of PLACEMENTS: the placement of every stack...
+    encoder_residual: Optional[str] = None  # ... unless a stack has its own (Admin's hybrids,
+    decoder_residual: Optional[str] = None  # e.g. a Post-LN encoder under a Pre-LN decoder)
     encoder_alpha: float = 1.0  # DeepNorm's residual scale alpha for the encoder stack
     decoder_alpha: float = 1.0  # ... and for the decoder stack
     max_len: int = 512         # positions covered by the sinusoidal table
     pad_id: Optional[int] = None  # padding token of variable-length batches; None: no masks
+    input_scale: bool = False  # a per-dimension scale on each stack's input: what a Post-LN model
+                               # folded from Admin keeps of the first omega (model/fold.py)
+
+    def placement(self, stack: str) -> str:
+        """The PLACEMENTS key of `stack` ("encoder" or "decoder")."""
+        own = self.encoder_residual if stack == "encoder" else self.decoder_residual
+        return own if own is not None else self.residual
 
 
 def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
@@ -486,7 +495,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, c: TransformerConfig, causal: bool = False, stack: str = "encoder"):
         super().__init__()
-        p, d, shared = PLACEMENTS[c.residual], c.d_model, {}
+        p, d, shared = PLACEMENTS[c.placement(stack)], c.d_model, {}
         attn = SelfAttention(d, c.n_heads, causal, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c),
                              _qk_norms(c))
         self.self_attn = (p.self_attn or p.residual)(attn, c, stack, shared)
@@ -500,7 +509,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, c: TransformerConfig):
         super().__init__()
-        p, d, shared = PLACEMENTS[c.residual], c.d_model, {}
+        p, d, shared = PLACEMENTS[c.placement("decoder")], c.d_model, {}
         attn = SelfAttention(d, c.n_heads, True, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c),
                              _qk_norms(c))
         self.self_attn = (p.self_attn or p.residual)(attn, c, "decoder", shared)
@@ -527,15 +536,19 @@ class TokenModel(nn.Module):
     """What every Transformer here shares: token embeddings tied with the output projection,
     sinusoidal positions, and the stack walk with DLCL's optional dense history."""
 
-    def __init__(self, c: TransformerConfig):
+    def __init__(self, c: TransformerConfig, stacks=("encoder", "decoder")):
         super().__init__()
         self.config = c
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.register_buffer("positions", sinusoidal_positions(c.max_len, c.d_model), persistent=False)
+        self.input_scale = (nn.ParameterDict({s: nn.Parameter(torch.ones(c.d_model)) for s in stacks})
+                            if c.input_scale else None)
 
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _embed(self, tokens: torch.Tensor, stack: str) -> torch.Tensor:
         # fairseq scales embeddings by sqrt(d) so they match the sinusoids' scale.
         x = self.embed(tokens) * math.sqrt(self.config.d_model) + self.positions[: tokens.shape[1]]
+        if self.input_scale is not None:
+            x = x * self.input_scale[stack]
         return F.dropout(x, self.config.dropout, self.training)
 
     @staticmethod
@@ -561,13 +574,14 @@ class TokenModel(nn.Module):
 class Seq2SeqTransformer(TokenModel):
     def __init__(self, c: TransformerConfig):
         super().__init__(c)
-        p = PLACEMENTS[c.residual]
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
-        self.encoder_final_ln = p.final(c, "encoder") if p.final else nn.Identity()
-        self.decoder_final_ln = p.final(c, "decoder") if p.final else nn.Identity()
-        self.encoder_history = DenseHistory(c.encoder_layers, c) if p.dense_history else None
-        self.decoder_history = DenseHistory(c.decoder_layers, c) if p.dense_history else None
+        # Each stack ends as its own placement says (a hybrid's Pre-LN stack gets its final LN).
+        pe, pd = PLACEMENTS[c.placement("encoder")], PLACEMENTS[c.placement("decoder")]
+        self.encoder_final_ln = pe.final(c, "encoder") if pe.final else nn.Identity()
+        self.decoder_final_ln = pd.final(c, "decoder") if pd.final else nn.Identity()
+        self.encoder_history = DenseHistory(c.encoder_layers, c) if pe.dense_history else None
+        self.decoder_history = DenseHistory(c.decoder_layers, c) if pd.dense_history else None
 
     def token_masks(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Dict[str, Optional[torch.Tensor]]:
         """The real tokens of each stack's input, {"encoder": (B, S), "decoder": (B, T)} bool;
@@ -586,13 +600,13 @@ class Seq2SeqTransformer(TokenModel):
         return None if self.config.pad_id is None else (src != self.config.pad_id)[:, None, None, :]
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:
-        x = self._run_stack(self.encoder, self.encoder_history, self._embed(src), self.key_mask(src))
+        x = self._run_stack(self.encoder, self.encoder_history, self._embed(src, "encoder"), self.key_mask(src))
         return self.encoder_final_ln(x)
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor,
                memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The top decoder output for `tgt_in` given the encoder output (B, T, d)."""
-        x = self._run_stack(self.decoder, self.decoder_history, self._embed(tgt_in), memory, memory_mask)
+        x = self._run_stack(self.decoder, self.decoder_history, self._embed(tgt_in, "decoder"), memory, memory_mask)
         return self.decoder_final_ln(x)
 
     def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,8 @@ DATA_REFERENCES = ("unigram_eval_loss", "source_counts_eval_loss", "source_count
 
 
 class Tables(dict):
-    """{"runs", "metrics", "layers"} -> DataFrame, also read as attributes (`tables.runs`)."""
+    """{"runs", "metrics", "layers", "dependency"} -> DataFrame, also read as attributes
+    (`tables.runs`)."""
 
     def __getattr__(self, name: str) -> pd.DataFrame:
         try:
@@ -36,11 +37,11 @@ def find_runs(outputs: Path):
 
 
 def collect(outputs: Path) -> Tables:
-    """{"runs": one row per run, "metrics": per run and step, "layers": per run, step, sublayer}
-    of every run folder under `outputs` (or of `outputs` itself when it is a run folder)."""
+    """{"runs": one row per run, "metrics": per run and step, "layers": per run, step, sublayer,
+    "dependency": per run, step, sublayer and component (probe.dependency)} of every run folder under `outputs` (or of `outputs` itself when it is a run folder)."""
     outputs = Path(outputs)
     root = outputs.parent if (outputs / "summary.json").is_file() else outputs
-    runs, metrics, layers = [], [], []
+    runs, metrics, layers, dependency = [], [], [], []
     for folder in find_runs(outputs):
         try:
             summary = json.loads((folder / "summary.json").read_text())
@@ -66,7 +67,7 @@ def collect(outputs: Path) -> Tables:
                      "test_bleu": summary.get("test_bleu"), "bleu_signature": summary.get("bleu_signature"),
                      "arch": summary.get("arch"), "test_loss": summary.get("test_loss"), "overrides": overrides,
                      **{key: (summary.get("data") or {}).get(key) for key in DATA_REFERENCES}})
-        for name, sink in (("metrics.csv", metrics), ("layers.csv", layers)):
+        for name, sink in (("metrics.csv", metrics), ("layers.csv", layers), ("dependency.csv", dependency)):
             path = folder / name
             if path.exists() and path.stat().st_size > 0:
                 frame = pd.read_csv(path)
@@ -77,6 +78,7 @@ def collect(outputs: Path) -> Tables:
         runs=pd.DataFrame(runs),
         metrics=pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(),
         layers=pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(),
+        dependency=pd.concat(dependency, ignore_index=True) if dependency else pd.DataFrame(),
     )
 
 
@@ -92,7 +94,7 @@ def _overrides(folder: Path):
 
 
 def write_collected(outputs: Path) -> Path:
-    """Write outputs/collected/{runs,metrics,layers}.csv; return that folder."""
+    """Write outputs/collected/{runs,metrics,layers,dependency}.csv; return that folder."""
     tables = collect(outputs)
     target = Path(outputs) / "collected"
     target.mkdir(parents=True, exist_ok=True)

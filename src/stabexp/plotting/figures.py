@@ -20,7 +20,8 @@ from stabexp.plotting.collect import Tables  # noqa: E402
 # The first six keep the colours of the figures made before the other Table 1 rows arrived.
 GROUP_ORDER = ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin",
                "ds_init", "admin_closed_form", "rezero", "rezero_postln", "fixup", "t_fixup",
-               "dlcl", "normformer", "sandwich", "subln", "deepnorm_torchscale"]
+               "dlcl", "normformer", "sandwich", "subln", "deepnorm_torchscale",
+               "hybrid_postln_preln", "hybrid_preln_postln"]
 FIGSIZE_PER_PANEL = (4.5, 3.4)
 
 
@@ -95,7 +96,7 @@ def update_vs_depth(metrics: pd.DataFrame, extra: Optional[Callable] = None, las
 
 # --- reading the collected tables ------------------------------------------------------------
 
-TABLES = ("runs", "metrics", "layers")
+TABLES = ("runs", "metrics", "layers", "dependency")
 
 
 def read_collected(collected: Path) -> Tables:

@@ -4,7 +4,9 @@
   LiyuanLucasLiu/Transformer-Clinic's `--plot_stability`); docs/methods.md, "Probes".
 - grad_at_init: one backward pass at theta_0, per-sublayer gradient norms and the FFN output
   projection W_2's (Xiong et al. 2020, arXiv 2002.04745, Sec. 3: the last W_2 gradient is
-  depth-independent for Post-LN and shrinks like 1/sqrt(L) for Pre-LN).
+  depth-independent for Post-LN and shrinks like 1/sqrt(L) for Pre-LN), and the gradient of
+  each sublayer's output (Admin's Theorem 1 and Transformer-Clinic's `--plot_gradient`, which
+  hooks the sublayer outputs, after the LN in Post-LN: the Post-LN decoder's vanish).
 """
 
 from __future__ import annotations
@@ -74,21 +76,36 @@ def grad_at_init(model: Seq2SeqTransformer, batch, loss: Optional[Callable] = No
     """One forward/backward pass on `batch` without an optimiser step: total gradient norm,
     per-sublayer gradient norms and, for FFN sublayers, the norm of W_2's gradient (None
     elsewhere). `loss(logits, tgt_out)` is the task's training loss (default: cross-entropy).
-    Gradients are cleared afterwards."""
+    Gradients are cleared afterwards. `output_grad_norm`: per sublayer, the Frobenius norm over
+    the batch of the loss's gradient with respect to the sublayer's output (what it passes up
+    the stream: after the LN in Post-LN), as Clinic's `--plot_gradient` prints it."""
     src, tgt_in, tgt_out = batch
     loss = loss or (lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten()))
-    model.zero_grad(set_to_none=True)
-    loss(model(src, tgt_in), tgt_out).backward()
-    total, per_sublayer = LayerProbe(model).grad_norms()
     residuals = list(model.residuals())
+    n = len(residuals)
+    output_grads: List[Optional[torch.Tensor]] = [None] * n
+
+    def watch(i: int):
+        def hook(module, args, output):
+            def keep(grad):
+                output_grads[i] = torch.linalg.vector_norm(grad)
+            output.register_hook(keep)
+        return hook
+
+    model.zero_grad(set_to_none=True)
+    with hooked((res, "post", watch(i)) for i, (*_, res) in enumerate(residuals)):
+        loss(model(src, tgt_in), tgt_out).backward()
+    total, per_sublayer = LayerProbe(model).grad_norms()
     ffn = [i for i, (_, _, name, _) in enumerate(residuals) if name == "ffn"]
     w2 = torch.stack(torch._foreach_norm([residuals[i][3].branch.fc2.weight.grad for i in ffn]))
-    values = torch.cat([total[None], per_sublayer, w2]).tolist()  # one host sync
+    # A sublayer whose output the loss never reaches has a zero gradient, not a missing one.
+    outputs = torch.stack([g if g is not None else total.new_zeros(()) for g in output_grads])
+    values = torch.cat([total[None], per_sublayer, w2, outputs]).tolist()  # one host sync
     model.zero_grad(set_to_none=True)
-    n = len(residuals)
-    w2_by_index = dict(zip(ffn, values[1 + n:]))
+    w2_by_index = dict(zip(ffn, values[1 + n:1 + n + len(ffn)]))
     return {"grad_norm": values[0], "sublayer_grad_norm": values[1:1 + n],
-            "w2_grad_norm": [w2_by_index.get(i) for i in range(n)]}
+            "w2_grad_norm": [w2_by_index.get(i) for i in range(n)],
+            "output_grad_norm": values[1 + n + len(ffn):]}
 
 
 def mean_of(results: List[Dict]) -> Dict:

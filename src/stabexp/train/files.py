@@ -17,6 +17,7 @@ from typing import Dict, Optional, Tuple
 from stabexp.atomic import write_atomic
 
 SUMMARY = "summary.json"
+MODEL = "model.pt"  # the final weights, with train.save_model
 # What two runs of one config may write differently: the wall-clock columns and summary fields,
 # and the folder itself (a resumed run, or the same run in another place).
 WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "resumed_from", "out_dir")
@@ -26,6 +27,26 @@ LOCK = "run.lock"
 def write_json(path: Path, data: Dict) -> None:
     text = (json.dumps(data, indent=2, default=float) + "\n").encode()
     write_atomic(path, lambda f: f.write(text))
+
+
+def write_csv(path: Path, columns, rows) -> None:
+    """A whole CSV file at once, atomically (for files written at a few steps only)."""
+    import io
+
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(columns))
+    writer.writeheader()
+    writer.writerows(rows)
+    data = text.getvalue().encode()
+    write_atomic(path, lambda f: f.write(data))
+
+
+def read_csv_rows(path: Path):
+    """The rows of a CSV file as dicts of strings; [] when it does not exist."""
+    if not Path(path).exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def read_summary(out_dir: Path) -> Optional[Dict]:

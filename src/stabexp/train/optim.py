@@ -5,6 +5,8 @@
 - adamw_independent: decay independent of the peak lr, w <- (1 - lambda * lr_t / lr_max) w
   (Wortsman et al. 2023, Sec. 3.2.2: theta <- theta - eta_t u - lambda (eta_t / eta_max) theta),
   which is PyTorch's AdamW with weight_decay lambda / lr_max;
+- radam: RAdam (Liu et al. 2020, arXiv 1908.03265), coupled L2 decay; the optimiser of Admin's
+  (lr, beta2) grid without warm-up (Transformer-Clinic's iwslt14_de-en recipe);
 - sgd: plain SGD, coupled decay; sgdm: SGD with momentum mu (PyTorch's form, no dampening).
 The equilibrium each one predicts for scale-invariant weights: stabexp/theory.py.
 """
@@ -16,7 +18,7 @@ from typing import Dict, List, Tuple
 import torch
 import torch.nn as nn
 
-OPTIMISERS = ("adam", "adamw", "adamw_independent", "sgd", "sgdm")
+OPTIMISERS = ("adam", "adamw", "adamw_independent", "radam", "sgd", "sgdm")
 DECAY_ON = ("matrices", "all")
 
 
@@ -50,6 +52,8 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device) -> torch.optim.
         return torch.optim.Adam(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **fast)
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **fast)
+    if name == "radam":  # torch's RAdam has no fused kernel; foreach is its fast path
+        return torch.optim.RAdam(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, foreach=True)
     if name in ("sgd", "sgdm"):
         return torch.optim.SGD(groups, lr=lr, momentum=o.momentum if name == "sgdm" else 0.0,
                                foreach=True)

@@ -25,6 +25,8 @@ from omegaconf import DictConfig
 from stabexp import theory
 from stabexp.data import Task
 from stabexp.probes import log_z_stats, model_update, rows_for_layers
+from stabexp.probes.dependency import dependency
+from stabexp.train.files import read_csv_rows, write_csv
 
 log = logging.getLogger("stabexp")
 
@@ -38,7 +40,7 @@ def metrics_columns(eval_columns) -> list:
 METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (translation adds eval_ppl, valid_bleu)
 # A row is a residual sublayer (param empty) or, with probe.weights, one weight matrix (param set).
 LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm",
-                  "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "weight_norm", "angular_update",
+                  "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "output_grad_norm", "weight_norm", "angular_update",
                   "row_angular_update", "effective_lr", "scale_invariant", "elements"]
 
 
@@ -71,9 +73,9 @@ def record(run, step: int, lr, loss, grads, at_init: Optional[Dict] = None, weig
         rows = rows_for_layers(step, run.probe.keys, host["grad"], host["ln"], host["logit"], host["relative"])
         if at_init is not None:
             row.update(grad_norm=at_init["grad_norm"], output_change=at_init["output_change"])
-            for r, g, c, w2 in zip(rows, at_init["sublayer_grad_norm"], at_init["input_change"],
-                                   at_init["w2_grad_norm"]):
-                r.update(grad_norm=g, input_change=c, w2_grad_norm=w2)
+            for r, g, c, w2, out in zip(rows, at_init["sublayer_grad_norm"], at_init["input_change"],
+                                        at_init["w2_grad_norm"], at_init["output_grad_norm"]):
+                r.update(grad_norm=g, input_change=c, w2_grad_norm=w2, output_grad_norm=out)
         if run.weights is not None:
             rows += weight_rows(run, step, lr if lr is not None else run.sched.get_last_lr()[0], weights_moved)
         run.layers.write(rows)
@@ -88,6 +90,20 @@ def record(run, step: int, lr, loss, grads, at_init: Optional[Dict] = None, weig
     row["elapsed_s"] = time.perf_counter() - run.start
     run.metrics.write([row])
     return row
+
+
+DEPENDENCY = "dependency.csv"
+DEPENDENCY_COLUMNS = ["step", "stack", "sublayer", "component", "beta"]
+
+
+def record_dependency(run, step: int) -> None:
+    """probe.dependency: the residual dependency of every sublayer on the probe batch at `step`
+    (probes/dependency.py), written beside the step-0 rows (the file holds init and end only, so
+    a resumed run that rewrites the end leaves the same file)."""
+    path = run.out_dir / DEPENDENCY
+    kept = [] if step == 0 else [r for r in read_csv_rows(path) if r["step"] == "0"]
+    rows = [{"step": step, **r} for r in dependency(run.model, run.probe_src, run.probe_tgt_in)]
+    write_csv(path, DEPENDENCY_COLUMNS, kept + rows)
 
 
 def weight_rows(run, step: int, lr: float, moved: bool) -> List[Dict]:

@@ -25,10 +25,11 @@ from stabexp.probes import LayerProbe
 from stabexp.probes.at_init import grad_at_init, mean_of, output_change
 from stabexp.probes.weights import WeightProbe, scale_invariance
 from stabexp.train import checkpoint
-from stabexp.train.files import SUMMARY, CsvLog, write_json
+from stabexp.atomic import write_atomic
+from stabexp.train.files import MODEL, SUMMARY, CsvLog, write_json
 from stabexp.train.losses import z_loss
 from stabexp.train.optim import build_optimizer, torch_form
-from stabexp.train.recording import LAYERS_COLUMNS, Progress, metrics_columns, record
+from stabexp.train.recording import LAYERS_COLUMNS, Progress, metrics_columns, record, record_dependency
 from stabexp.train.schedule import lr_factor
 
 log = logging.getLogger("stabexp")
@@ -104,7 +105,7 @@ class Run:
         schedule = cfg.group.schedule if t.schedule == "group" else t.schedule
         init_factor = None if t.warmup_init_lr is None else t.warmup_init_lr / t.lr
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda i: lr_factor(schedule, i + 1, t.warmup_steps, init_factor, t.decay_period))
+            self.opt, lambda i: lr_factor(schedule, i + 1, t.warmup_steps, init_factor, t.decay_period, t.steps))
 
     def _build_probes(self, state: Optional[Dict]) -> None:
         p, model = self.cfg.probe, self.model
@@ -162,6 +163,8 @@ class Run:
                 self.features_init = self.probe.probe_pass(self.probe_src, self.probe_tgt_in)[0].clone()
         self.model.train()
         record(self, 0, None, None, None, at_init=self.probe_at_init() if self.cfg.probe.at_init else None)
+        if self.cfg.probe.dependency:
+            record_dependency(self, 0)
 
     def probe_at_init(self) -> Dict:
         """Admin's output change on the probe batch (mean over probe.perturbation_draws draws of
@@ -180,7 +183,8 @@ class Run:
                           for _ in range(p.perturbation_draws)])
         if p.grad_batches == 0:
             n = len(change["input_change"])
-            return {**change, "grad_norm": None, "sublayer_grad_norm": [None] * n, "w2_grad_norm": [None] * n}
+            return {**change, "grad_norm": None, "sublayer_grad_norm": [None] * n, "w2_grad_norm": [None] * n,
+                    "output_grad_norm": [None] * n}
         grads = mean_of([grad_at_init(model, self.task.init_batch(), self.task.loss)
                          for _ in range(p.grad_batches)])
         return {**change, **grads}
@@ -306,6 +310,16 @@ class Run:
                 log.warning("diverged at step %d (loss %s)", step, loss_value)
                 return True
         return False
+
+    def write_final(self) -> None:
+        """What a finished run keeps of its last weights: the residual dependency
+        (probe.dependency) and the weights themselves (train.save_model, for `stabexp export`)."""
+        if self.cfg.probe.dependency:
+            record_dependency(self, self.steps_done)
+        if self.train_cfg.save_model:
+            model = {"state_dict": self.model.state_dict(), "vocab_size": self.task.vocab_size,
+                     "pad_id": self.task.pad_id, "max_positions": self.task.max_positions}
+            write_atomic(self.out_dir / MODEL, lambda f: torch.save(model, f))
 
     def close(self) -> None:
         self.metrics.close()

@@ -7,8 +7,9 @@ from typing import Optional
 
 
 def lr_factor(schedule: str, step: int, warmup_steps: int, init_factor: Optional[float] = None,
-              decay_period: int = 4000) -> float:
-    """`init_factor`: fairseq's --warmup-init-lr as a fraction of the peak lr, or None."""
+              decay_period: int = 4000, total_steps: int = 0) -> float:
+    """`init_factor`: fairseq's --warmup-init-lr as a fraction of the peak lr, or None;
+    `total_steps`: the run's length, where warmup_linear_decay reaches 0."""
     if schedule == "constant":
         # DeepNet's "Post-LN without warm-up": the peak lr from the first step.
         return 1.0
@@ -34,4 +35,12 @@ def lr_factor(schedule: str, step: int, warmup_steps: int, init_factor: Optional
         # T-Fixup's schedule (layer6ai-labs/T-Fixup, --lr-scheduler inverse_sqrt_nowarmup):
         # lr0 sqrt(D / (D + n)) with n = t - 1 completed updates, no warm-up.
         return math.sqrt(decay_period / (decay_period + step - 1))
+    if schedule == "warmup_linear_decay":
+        # fairseq's polynomial_decay with power 1, as Admin's no-warm-up grid runs it
+        # (Transformer-Clinic iwslt14_de-en.md: --warmup-updates 1, decay to 0 at the last
+        # update): linear warm-up to the peak at step warmup_steps, then a straight line to 0
+        # after step total_steps.
+        if step <= warmup_steps:
+            return step / warmup_steps
+        return max(0.0, (total_steps + 1 - step) / (total_steps + 1 - warmup_steps))
     raise ValueError(f"unknown schedule {schedule!r}")

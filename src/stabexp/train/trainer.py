@@ -119,6 +119,7 @@ def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task:
     for key in ("checkpoint_step", "interrupted_by"):
         summary.pop(key, None)
     if run.result["status"] == "completed" and run.steps_done > 0:
+        run.write_final()
         finish_start = time.perf_counter()
         final = task.finish(run.model, out_dir)
         if final:  # e.g. the test decoding, timed apart from the training
