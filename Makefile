@@ -12,9 +12,10 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 # The presets of conf/experiment, in the order `make reproduce` runs them; SCALE=quick for a quick pass.
-# The Multi30k presets (admin_clinic, *_paper, multi30k_table) download it into $STABEXP_DATA on first use.
+# The Multi30k presets (admin_clinic, *_paper, multi30k_table, admin_rezero) download it into $STABEXP_DATA on first use.
 PRESETS := admin_output_change grad_at_init admin_clinic deepnet_early deepnet_depth depth_table smd \
-           deepnet_depth_paper deepnet_early_paper multi30k_table lm_depth lr_sensitivity
+           deepnet_depth_paper deepnet_early_paper multi30k_table lm_depth lr_sensitivity \
+           admin_grad_vanishing admin_dependency admin_hybrid admin_grid admin_rezero
 SCALE   ?= default
 
 .PHONY: install run reproduce docs-figures test test-fast plots bench

@@ -28,8 +28,13 @@ FIGSIZE_PER_PANEL = (4.5, 3.4)
 def group_color(group: str):
     # crc32, not hash(): str hashes change from one process to the next.
     idx = GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER) + zlib.crc32(group.encode()) % 3
-    # tab10 for the first ten, then tab20's light shades: twenty distinct colours.
-    return plt.get_cmap("tab10")(idx) if idx < 10 else plt.get_cmap("tab20")((2 * (idx - 10) + 1) % 20)
+    # tab10 for the first ten, tab20's light shades for the next seven, then Dark2 (the
+    # hybrids, drawn beside the placements they mix): distinct colours.
+    if idx < 10:
+        return plt.get_cmap("tab10")(idx)
+    if idx < 17:
+        return plt.get_cmap("tab20")((2 * (idx - 10) + 1) % 20)
+    return plt.get_cmap("Dark2")((idx - 17) % 8)
 
 
 def save(fig, path: Path) -> None:

@@ -82,7 +82,8 @@ def decompose(model, src: torch.Tensor, tgt_in: torch.Tensor) -> List[Dict]:
     residuals = list(model.residuals())
     results: List[Dict] = []
     state: Dict[str, Dict] = {}  # per stack: its parts so far
-    seen: Dict[str, torch.Tensor] = {}
+    seen: Dict[str, torch.Tensor] = {}          # the current sublayer's input x and norm input z
+    norm_outputs: Dict[int, torch.Tensor] = {}  # the last output of each stream norm, by module id
 
     def keep_input(module, args):
         seen["x"] = args[0]
@@ -101,7 +102,7 @@ def decompose(model, src: torch.Tensor, tgt_in: torch.Tensor) -> List[Dict]:
             i = s["count"]
             parts = s["parts"]
             ln = getattr(res, "ln", None)
-            if ln is not None and z is not None and y is ln.last_output:
+            if ln is not None and z is not None and y is norm_outputs.get(id(ln)):
                 scale = stream_scale(res)
                 scaled = {j: p * scale for j, p in parts.items()}
                 branch = z.float() - x * scale
@@ -118,7 +119,7 @@ def decompose(model, src: torch.Tensor, tgt_in: torch.Tensor) -> List[Dict]:
         return hook
 
     def remember_output(module, args, out):
-        module.last_output = out
+        norm_outputs[id(module)] = out
 
     hooks = []
     for stack, _, _, res in residuals:
@@ -128,14 +129,8 @@ def decompose(model, src: torch.Tensor, tgt_in: torch.Tensor) -> List[Dict]:
         if ln is not None:
             hooks.append((ln, "pre", keep_norm_input))
             hooks.append((ln, "post", remember_output))
-    try:
-        with eval_mode(model), hooked(hooks):
-            model.features(src, tgt_in)
-    finally:
-        for _, _, _, res in residuals:
-            ln = getattr(res, "ln", None)
-            if ln is not None and hasattr(ln, "last_output"):
-                del ln.last_output
+    with eval_mode(model), hooked(hooks):
+        model.features(src, tgt_in)
     return results
 
 
