@@ -35,7 +35,7 @@ run: install
 	$(BIN)/stabexp report "$${STABEXP_OUTPUTS:-outputs}/multirun/experiment=deepnet_early"
 	@echo "Run folders: $${STABEXP_OUTPUTS:-outputs}/multirun/experiment=deepnet_early/ ; figures: outputs/figures/"
 
-# Every preset (about 6 h 40 min on 2 cores at the default scale, docs/presets.md), then every figure.
+# Every preset (about 9 h 20 min on 2 cores at the default scale, docs/presets.md), then every figure.
 reproduce: install
 	for p in $(PRESETS); do \
 	  $(BIN)/stabexp run experiment=$$p $(if $(filter-out default,$(SCALE)),scale=$(SCALE)) || exit 1; \

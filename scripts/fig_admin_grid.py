@@ -26,7 +26,7 @@ def draw(tables):
         return None
     runs = runs.assign(beta2=runs.overrides.map(beta2))
     groups, lrs, b2s = ordered_groups(runs.group), sorted(runs.lr.unique()), sorted(runs.beta2.unique())
-    fig, axes = plt.subplots(1, len(groups), squeeze=False,
+    fig, axes = plt.subplots(1, len(groups), squeeze=False, sharey=True, layout="constrained",
                              figsize=(FIGSIZE_PER_PANEL[0] * 0.8 * len(groups), FIGSIZE_PER_PANEL[1] * 1.2))
     done = runs[runs.status == "completed"].final_eval_loss
     norm = LogNorm(vmin=max(done.min(), 1e-4), vmax=max(done.max(), done.min() * 10)) if len(done) else None
@@ -37,7 +37,9 @@ def draw(tables):
             i, j = lrs.index(r.lr), b2s.index(r.beta2)
             if r.status == "completed":
                 grid[i, j] = r.final_eval_loss
-                ax.text(j, i, f"{r.final_eval_loss:.2g}", ha="center", va="center", fontsize=6, color="black")
+                dark = norm is not None and norm(r.final_eval_loss) > 0.6  # viridis_r: dark at high loss
+                ax.text(j, i, f"{r.final_eval_loss:.2g}", ha="center", va="center", fontsize=6,
+                        color="white" if dark else "black")
             else:
                 ax.text(j, i, "div" if r.status == "diverged" else str(r.status), ha="center", va="center",
                         fontsize=6, color="red")
@@ -45,7 +47,8 @@ def draw(tables):
         ax.set_xticks(range(len(b2s)), b2s, fontsize=7)
         ax.set_yticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
         ax.set_xlabel("beta2")
-        ax.set_ylabel("peak lr")
+        if ax is axes[0][0]:
+            ax.set_ylabel("peak lr")
         ax.set_title(f"{group}: final eval loss", fontsize=9)
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.8)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import os
 import socket
@@ -18,6 +19,7 @@ from stabexp.atomic import write_atomic
 
 SUMMARY = "summary.json"
 MODEL = "model.pt"  # the final weights, with train.save_model
+DEPENDENCY = "dependency.csv"  # the residual dependency, with probe.dependency
 # What two runs of one config may write differently: the wall-clock columns and summary fields,
 # and the folder itself (a resumed run, or the same run in another place).
 WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "resumed_from", "out_dir")
@@ -31,8 +33,6 @@ def write_json(path: Path, data: Dict) -> None:
 
 def write_csv(path: Path, columns, rows) -> None:
     """A whole CSV file at once, atomically (for files written at a few steps only)."""
-    import io
-
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=list(columns))
     writer.writeheader()

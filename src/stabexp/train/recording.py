@@ -8,7 +8,9 @@ eval columns are measured on theta_i, after the step; `relative_update` (layers 
 i's update of each sublayer relative to its weights after it. With probe.weights a row per
 weight matrix holds its norm, the angular update of step i, the effective lr and whether the
 weight is scale-invariant (probes/weights.py). With probe.at_init the step-0 rows also hold
-Admin's output change and the gradient at theta_0 (probes/at_init.py).
+Admin's output change and the gradient at theta_0 (probes/at_init.py). With probe.dependency,
+dependency.csv holds the residual dependency at step 0 and at the last step
+(probes/dependency.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from stabexp import theory
 from stabexp.data import Task
 from stabexp.probes import log_z_stats, model_update, rows_for_layers
 from stabexp.probes.dependency import dependency
-from stabexp.train.files import read_csv_rows, write_csv
+from stabexp.train.files import DEPENDENCY, read_csv_rows, write_csv
 
 log = logging.getLogger("stabexp")
 
@@ -40,8 +42,8 @@ def metrics_columns(eval_columns) -> list:
 METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (translation adds eval_ppl, valid_bleu)
 # A row is a residual sublayer (param empty) or, with probe.weights, one weight matrix (param set).
 LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm",
-                  "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "output_grad_norm", "weight_norm", "angular_update",
-                  "row_angular_update", "effective_lr", "scale_invariant", "elements"]
+                  "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "output_grad_norm",
+                  "weight_norm", "angular_update", "row_angular_update", "effective_lr", "scale_invariant", "elements"]
 
 
 def to_host(**tensors: torch.Tensor) -> Dict[str, List[float]]:
@@ -92,7 +94,6 @@ def record(run, step: int, lr, loss, grads, at_init: Optional[Dict] = None, weig
     return row
 
 
-DEPENDENCY = "dependency.csv"
 DEPENDENCY_COLUMNS = ["step", "stack", "sublayer", "component", "beta"]
 
 
