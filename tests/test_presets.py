@@ -25,14 +25,18 @@ FIGURES = sorted(p.stem[len("fig_"):] for p in (ROOT / "scripts").glob("fig_*.py
 SHORT = ["train.steps=12", "probe.first_steps=4", "probe.every=4", "train.eval_every=6"]
 TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd", "multi30k_table", "deepnet_early_paper",
           "deepnet_depth_paper", "lm_depth", "lr_sensitivity", "admin_hybrid", "admin_grid", "admin_dependency",
-          "admin_rezero"}
+          "admin_rezero", "deepnet_bleu_depth", "deepnet_depth_law", "deepnet_bound", "deepnet_1000_layers",
+          "lm_1000_layers", "deepnet_lm_depth", "deepnet_robustness"}
 # Presets on Multi30k: the toy corpus stands in for it.
-ON_MULTI30K = {"multi30k_table", "admin_clinic", "deepnet_early_paper", "deepnet_depth_paper", "admin_rezero"}
+ON_MULTI30K = {"multi30k_table", "admin_clinic", "deepnet_early_paper", "deepnet_depth_paper", "admin_rezero",
+               "deepnet_bleu_depth", "deepnet_robustness"}
 # Narrower than their quick sweeps, the two largest (51 and 72 jobs), to keep the suite fast:
 # still several groups, depths and seeds for every table, fit and figure they feed.
 NARROWER = {"depth_table": ["depth=2,3"], "grad_at_init": ["seed=0,1,2"], "admin_grad_vanishing": ["seed=0"],
             "admin_hybrid": ["depth=3"], "admin_grid": ["optim.betas=[0.9,0.999]"],
-            "admin_rezero": ["group=rezero,admin"]}
+            "admin_rezero": ["group=rezero,admin"], "deepnet_bleu_depth": ["group=deepnorm,postln,t_fixup", "depth=2"],
+            "deepnet_depth_law": ["depth=2,4"], "deepnet_lm_depth": ["group=postln,admin,fixup,deepnorm", "depth=2"],
+            "deepnet_robustness": ["group=deepnorm"]}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +79,7 @@ def test_every_preset_composes_to_a_valid_multirun(preset, scale):
     assert cfg.experiment == preset and cfg.scale == scale
     params = dict(cfg.hydra.sweeper.params)
     assert set(params) <= {"group", "depth", "seed", "model", "optim", "train.lr", "optim.weight_decay",
-                           "model.qk_norm", "train.z_loss", "optim.betas"}
+                           "model.qk_norm", "train.z_loss", "optim.betas", "robustness"}
     if scale == "quick":
         assert cfg.model.d_model == 16 and all(int(d) <= 4 for d in str(params.get("depth", "2")).split(","))
         assert cfg.depth <= 4 or "depth" in params
@@ -120,6 +124,9 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     assert counts["lm_depth"] == 4 * 3 and counts["lr_sensitivity"] == 2 * 2 * 2
     assert counts["admin_grad_vanishing"] == 4 * 2 and counts["admin_hybrid"] == 4
     assert counts["admin_grid"] == 3 * 2 and counts["admin_dependency"] == 3 and counts["admin_rezero"] == 2
+    assert counts["deepnet_bleu_depth"] == 3 and counts["deepnet_depth_law"] == 2 * 2
+    assert counts["deepnet_bound"] == 3 * 2 and counts["deepnet_1000_layers"] == 3 and counts["lm_1000_layers"] == 3
+    assert counts["deepnet_lm_depth"] == 4 and counts["deepnet_robustness"] == 3
     lm = runs[runs.experiment.isin(["lm_depth", "lr_sensitivity"])]
     assert lm.task.eq("lm").all() and lm.decoder_depth.isna().all()
     paper_recipe = runs[runs.experiment.str.endswith("_paper")]

@@ -8,6 +8,7 @@ import torch
 
 from stabexp.config import conf_dir
 from stabexp.probes import model_update
+from stabexp.train.files import WALL_CLOCK
 from stabexp.train.recording import LAYERS_COLUMNS, METRICS_COLUMNS
 from stabexp.train.trainer import train
 
@@ -101,9 +102,8 @@ def test_a_seed_fixes_every_file_and_another_seed_changes_them(make_cfg, tmp_pat
         train(make_cfg("group=admin", f"seed={seed}"), tmp_path / name)
         metrics = pd.read_csv(tmp_path / name / "metrics.csv").drop(columns="elapsed_s")
         summary = json.loads((tmp_path / name / "summary.json").read_text())
-        timing = ("wall_seconds", "steps_per_second", "finish_seconds", "out_dir")
         return metrics, (tmp_path / name / "layers.csv").read_bytes(), {k: v for k, v in summary.items()
-                                                                        if k not in timing}
+                                                                        if k not in WALL_CLOCK}
     a, b, c = files(3, "a"), files(3, "b"), files(4, "c")
     pd.testing.assert_frame_equal(a[0], b[0], check_exact=True)
     assert a[1] == b[1] and a[2] == b[2]

@@ -409,3 +409,60 @@ def lr_sensitivity_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFr
     sensitivity = {s: lr_sensitivity(t.final_eval_loss, t.loss_0.mean()) for s, t in table.groupby("setting")}
     table["lr_sensitivity"] = table.setting.map(sensitivity)
     return table.reset_index(drop=True)
+
+
+# --- DeepNet's bound on the model update (probes/update_bound.py) --------------------------
+
+def update_bound_steps(metrics: pd.DataFrame, bound: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per run and probe step: Theorem 4.1's right-hand side (the sum of the sublayers' terms,
+    in the operator-norm reading, and `bound_gain` in the Xavier-gain one), the measured model
+    update relative to ||F(x, theta_0)|| per token, and bound / measured (>= 1: the bound holds)."""
+    columns = ["run", "group", "depth", "seed", "step", "bound", "bound_gain", "measured", "ratio", "ratio_gain"]
+    if bound.empty:
+        return pd.DataFrame(columns=columns)
+    sums = bound.groupby(["run", "group", "depth", "seed", "step"], as_index=False)[["term", "term_gain"]].sum()
+    norm = runs.set_index("run").features_init_norm
+    update = metrics[["run", "step", "model_update"]].dropna()
+    frame = sums.merge(update, on=["run", "step"])
+    frame = frame[frame.step > 0]
+    measured = frame.model_update / frame.run.map(norm)
+    return pd.DataFrame({"run": frame.run, "group": frame.group, "depth": frame.depth, "seed": frame.seed,
+                         "step": frame.step, "bound": frame.term, "bound_gain": frame.term_gain,
+                         "measured": measured, "ratio": frame.term / measured,
+                         "ratio_gain": frame.term_gain / measured}, columns=columns)
+
+
+def update_bound_table(steps: pd.DataFrame, at=(1, 10, 100)) -> pd.DataFrame:
+    """Per group and depth (mean over seeds): the bound and the measured relative update at
+    the steps `at` (those probed), and over every probe step the smallest bound / measured in both
+    readings: the bound holds where min_ratio >= 1."""
+    out = []
+    for (group, depth), rows in steps.groupby(["group", "depth"], sort=False):
+        row = {"group": group, "depth": int(depth), "runs": rows.run.nunique()}
+        for step in at:
+            here = rows[rows.step == step]
+            row[f"bound_{step}"] = here.bound.mean() if not here.empty else np.nan
+            row[f"measured_{step}"] = here.measured.mean() if not here.empty else np.nan
+        row.update(min_ratio=rows.ratio.min(), median_ratio=rows.ratio.median(), min_ratio_gain=rows.ratio_gain.min())
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+# --- DeepNet Fig. 8: is deeper better? ------------------------------------------------------
+
+def depth_law(runs: pd.DataFrame, value: str = "final_eval_loss") -> pd.DataFrame:
+    """Per group, over its completed runs: least squares value = A ln(depth) + B (DeepNet Fig. 8
+    fits BLEU that way), R^2, the depths used, and the depth of the best (lowest) mean value."""
+    out = []
+    for group, rows in runs[runs.status == "completed"].dropna(subset=[value]).groupby("group", sort=False):
+        means = rows.groupby("depth")[value].mean()
+        if len(means) < 2:
+            continue
+        x, y = np.log(means.index.to_numpy(float)), means.to_numpy(float)
+        A, B = np.polyfit(x, y, 1)
+        resid = y - (A * x + B)
+        total = ((y - y.mean()) ** 2).sum()
+        out.append({"group": group, "depths": ",".join(str(int(d)) for d in means.index), "A": A, "B": B,
+                    "r2": 1 - (resid ** 2).sum() / total if total > 0 else np.nan,
+                    "best_depth": int(means.idxmin()), "best": means.min()})
+    return pd.DataFrame(out)

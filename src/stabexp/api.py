@@ -61,6 +61,7 @@ class Run:
     metrics: pd.DataFrame           # metrics.csv as written: one row per recorded step
     layers: pd.DataFrame            # layers.csv as written: one row per step and sublayer (or weight)
     dependency: pd.DataFrame        # dependency.csv (probe.dependency); empty without it
+    update_bound: pd.DataFrame      # update_bound.csv (probe.update_bound); empty without it
 
     @property
     def status(self) -> str:
@@ -74,7 +75,7 @@ class Run:
 
 class Sweep(Tables):
     """The tables of every run under a folder (a sweep, or a whole outputs tree): `runs`,
-    `metrics`, `layers`, `dependency`, and the `folder` they were read from."""
+    `metrics`, `layers`, `dependency`, `update_bound`, and the `folder` they were read from."""
 
     def __init__(self, tables: Tables, folder: Path):
         super().__init__(tables)
@@ -106,7 +107,8 @@ def load_run(path: PathLike, root: Optional[PathLike] = None) -> Run:
 
         config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
     return Run(folder=folder, summary=summary, config=config, metrics=_csv(folder / "metrics.csv"),
-               layers=_csv(folder / "layers.csv"), dependency=_csv(folder / "dependency.csv"))
+               layers=_csv(folder / "layers.csv"), dependency=_csv(folder / "dependency.csv"),
+               update_bound=_csv(folder / "update_bound.csv"))
 
 
 def _csv(path: Path) -> pd.DataFrame:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stabexp.config import ConfigError, ProbeConfig, outputs_dir
+from stabexp.memory import peak_rss_kib, reset_peak_rss_kib
 
 GROUPS = ("postln", "deepnorm", "admin")
 SIZES = {"tiny": (64, 128, 2), "small": (256, 1024, 4), "base": (512, 2048, 8)}
@@ -196,7 +196,7 @@ def _peak_memory_child(variant: str, size: str, depth: int, task: List[str], dev
                        window: int) -> float:
     """Peak memory in MiB of `window` steps of one variant (run in a fresh process)."""
     device = torch.device(device_name)
-    before = _reset_peak_rss_kib()
+    before = reset_peak_rss_kib()
     with tempfile.TemporaryDirectory() as tmp:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -207,31 +207,7 @@ def _peak_memory_child(variant: str, size: str, depth: int, task: List[str], dev
             loop.step(i)
         if device.type == "cuda":
             return torch.cuda.max_memory_allocated() / 2 ** 20
-        return (_peak_rss_kib() - before) / 1024
-
-
-def _proc_status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
-def _reset_peak_rss_kib() -> int:
-    """Reset the peak-RSS mark to the current RSS (Linux: write 5 to /proc/self/clear_refs),
-    so that imports' transient peaks do not hide the variant's; return the current RSS."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return _proc_status_kib("VmRSS")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _peak_rss_kib() -> int:
-    try:
-        return _proc_status_kib("VmHWM")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return (peak_rss_kib() - before) / 1024
 
 
 def measure_memory(variant: str, size: str, depth: int, task: List[str], device: torch.device,

@@ -204,6 +204,10 @@ class TrainConfig:
     checkpoint_every: int = 200
     save_model: bool = False    # keep the final weights in the run folder (model.pt), for
                                 # `stabexp export` and your own analysis
+    # Keep only each layer's input in the training forward and recompute the layer in the
+    # backward pass (torch.utils.checkpoint): activation memory of one layer instead of all,
+    # for one more forward per step. The same numbers either way (docs/scale.md).
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -224,6 +228,9 @@ class ProbeConfig:
     # Admin's residual dependency (probes/dependency.py): each sublayer's output decomposed
     # into the embedding and every earlier branch, into dependency.csv at init and at the end.
     dependency: bool = False
+    # DeepNet's Theorem 4.1 bound on the model update (probes/update_bound.py), per sublayer at
+    # each probe step, into update_bound.csv: single-stack Post-LN / DeepNorm models only.
+    update_bound: bool = False
 
 
 @dataclass
@@ -410,5 +417,10 @@ def validate(cfg: DictConfig) -> None:
           "decomposes residual sublayers, and model=normmlp has none")
     _need(not p.dependency or "dlcl" not in placements, "probe.dependency", p.dependency,
           "group.residual=dlcl mixes whole layer outputs, which the decomposition does not follow")
+    _need(not p.update_bound or (m.arch in ("decoder_only", "encoder_only") and placements <= {"postln", "deepnorm"}),
+          "probe.update_bound", p.update_bound,
+          f"Theorem 4.1 bounds a single stack of x <- LN(alpha x + G(x)): model.arch decoder_only or "
+          f"encoder_only with group.residual postln or deepnorm (here {m.arch}, {', '.join(sorted(placements))})")
+    _need(p.enabled or not p.update_bound, "probe.update_bound", p.update_bound, "needs probe.enabled=true")
     _need(p.perturbation_draws >= 1, "probe.perturbation_draws", p.perturbation_draws, "must be an integer >= 1")
     _need(p.grad_batches >= 0, "probe.grad_batches", p.grad_batches, "must be >= 0 (0: no gradient at init)")

@@ -19,6 +19,7 @@ from stabexp.analysis import (
     clinic_fits,
     clinic_ratio,
     dependency_summary,
+    depth_law,
     encoder_input_change,
     grid_counts,
     lr_sensitivity_table,
@@ -29,6 +30,8 @@ from stabexp.analysis import (
     output_gradients,
     preln_stream_growth,
     smd_equilibrium,
+    update_bound_steps,
+    update_bound_table,
     vanishing_table,
     w2_grad_slopes,
 )
@@ -214,7 +217,49 @@ def sweep_table(sweep_dir: Path) -> str:
                 note += (f" Rule \"{name}\": {first[f'{rule}_eval_loss']:.3f}"
                          f" ({first[f'{rule}_eval_acc']:.3f}).")
     text = f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")
-    return text + "\n".join(["", *fits_section(tables)])
+    extra = [] if at_init else depth_law_section(runs) + cost_section(runs)
+    return text + "\n".join(["", *fits_section(tables), *extra, *update_bound_section(tables)])
+
+
+def depth_law_section(runs: pd.DataFrame) -> List[str]:
+    """DeepNet Fig. 8's law, value = A ln(depth) + B, for sweeps of three depths or more."""
+    if runs.depth.nunique() < 3:
+        return []
+    value = "test_bleu" if _translation(runs) else "final_eval_loss"
+    law = depth_law(runs, value)
+    if law.empty:
+        return []
+    return ["", f"Depth law (DeepNet Fig. 8 fits BLEU = A log(depth) + B): {value} = A ln(depth) + B per group "
+            "over its completed depths (mean over seeds), R^2, and the depth of its best value.", "",
+            *_markdown(law, {"A": "{:+.4f}", "B": "{:.4f}", "r2": "{:.3f}", "best": "{:.4f}"})]
+
+
+def cost_section(runs: pd.DataFrame) -> List[str]:
+    """What each cell cost: seconds per step (training, probes and evals included) and peak memory."""
+    if "peak_memory_mib" not in runs or runs.peak_memory_mib.isna().all():
+        return []
+    cost = runs.dropna(subset=["peak_memory_mib"]).groupby(["group", "depth"], sort=False).agg(
+        runs=("run", "count"), s_per_step=("steps_per_second", lambda v: (1 / v).mean()),
+        wall_min=("wall_seconds", lambda v: v.mean() / 60), peak_mib=("peak_memory_mib", "mean")).reset_index()
+    return ["", "Cost per cell (mean over its runs): seconds per step over the whole run (probes and evals "
+            "included), wall minutes, peak memory (CUDA allocator; on the CPU the process's peak RSS).", "",
+            *_markdown(cost, {"s_per_step": "{:.3f}", "wall_min": "{:.1f}", "peak_mib": "{:.0f}"})]
+
+
+def update_bound_section(tables) -> List[str]:
+    """DeepNet Theorem 4.1's bound against the measured model update (probe.update_bound)."""
+    bound = tables.get("update_bound", pd.DataFrame())
+    if bound.empty:
+        return []
+    table = update_bound_table(update_bound_steps(tables["metrics"], bound, tables["runs"]))
+    rank = {g: i for i, g in enumerate(ordered_groups(table.group))}
+    table = table.assign(rank=table.group.map(rank)).sort_values(["rank", "depth"]).drop(columns="rank")
+    return ["", "DeepNet Theorem 4.1: the bound sum_i sqrt(v_i^2 + w_i^2) / alpha ||theta_i - theta_i,0|| "
+            "(operator norms; probes/update_bound.py) against the measured model update relative to "
+            "||F(x, theta_0)||, at steps 1, 10 and 100 (mean over seeds); over every probe step the smallest "
+            "and the median bound / measured (the bound holds where min_ratio >= 1), and the smallest in the "
+            "Xavier-gain reading (min_ratio_gain).", "",
+            *_markdown(table, {c: "{:.3g}" for c in table.columns if c not in ("group", "depth", "runs")})]
 
 
 def is_lr_sweep(runs: pd.DataFrame) -> bool:

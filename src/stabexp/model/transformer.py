@@ -36,6 +36,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from stabexp.model_options import ModelOptions
 
@@ -551,11 +552,17 @@ class TokenModel(nn.Module):
             x = x * self.input_scale[stack]
         return F.dropout(x, self.config.dropout, self.training)
 
-    @staticmethod
-    def _run_stack(layers, history: Optional[DenseHistory], x: torch.Tensor, *context) -> torch.Tensor:
+    # Activation checkpointing (train.activation_checkpointing): a training forward keeps only
+    # each layer's input and recomputes the layer in the backward pass (torch.utils.checkpoint,
+    # non-reentrant, with the dropout masks of the first pass), trading one more forward for
+    # the memory of every layer's intermediate activations. Set by the run, off in eval.
+    checkpoint_layers: bool = False
+
+    def _run_stack(self, layers, history: Optional[DenseHistory], x: torch.Tensor, *context) -> torch.Tensor:
         outputs = [x]
+        recompute = self.checkpoint_layers and self.training and torch.is_grad_enabled()
         for layer in layers:
-            y = layer(x, *context)
+            y = checkpoint(layer, x, *context, use_reentrant=False) if recompute else layer(x, *context)
             x = history(outputs, y) if history is not None else y
         return x
 

@@ -14,6 +14,9 @@ import pandas as pd
 # Identify a run in every table; `sweep` is the folder that holds the run folder.
 RUN_COLUMNS = ["run", "sweep", "experiment", "scale", "group", "depth", "decoder_depth", "seed",
                "model", "status"]
+# The per-run files read into a table of the same name (without .csv); the last two exist only
+# when their probe is on (probe.dependency, probe.update_bound).
+RUN_FILES = ("metrics", "layers", "dependency", "update_bound")
 # Reference losses a task records in summary.json's "data": the unigram model's (task=lm), and
 # the symbol tasks' rules that stop short of the task (data/symbols.py rule_losses).
 DATA_REFERENCES = ("unigram_eval_loss", "source_counts_eval_loss", "source_counts_eval_acc",
@@ -21,8 +24,7 @@ DATA_REFERENCES = ("unigram_eval_loss", "source_counts_eval_loss", "source_count
 
 
 class Tables(dict):
-    """{"runs", "metrics", "layers", "dependency"} -> DataFrame, also read as attributes
-    (`tables.runs`)."""
+    """{"runs", *RUN_FILES} -> DataFrame, also read as attributes (`tables.runs`)."""
 
     def __getattr__(self, name: str) -> pd.DataFrame:
         try:
@@ -38,10 +40,12 @@ def find_runs(outputs: Path):
 
 def collect(outputs: Path) -> Tables:
     """{"runs": one row per run, "metrics": per run and step, "layers": per run, step, sublayer,
-    "dependency": per run, step, sublayer and component (probe.dependency)} of every run folder under `outputs` (or of `outputs` itself when it is a run folder)."""
+    "dependency": per run, step, sublayer and component (probe.dependency), "update_bound": per
+    run, step and sublayer (probe.update_bound)} of every run folder under `outputs` (or of
+    `outputs` itself when it is a run folder)."""
     outputs = Path(outputs)
     root = outputs.parent if (outputs / "summary.json").is_file() else outputs
-    runs, metrics, layers, dependency = [], [], [], []
+    runs, files = [], {name: [] for name in RUN_FILES}
     for folder in find_runs(outputs):
         try:
             summary = json.loads((folder / "summary.json").read_text())
@@ -66,20 +70,20 @@ def collect(outputs: Path) -> Tables:
                      "final_eval_ppl": summary.get("final_eval_ppl"), "valid_bleu": summary.get("valid_bleu"),
                      "test_bleu": summary.get("test_bleu"), "bleu_signature": summary.get("bleu_signature"),
                      "arch": summary.get("arch"), "test_loss": summary.get("test_loss"), "overrides": overrides,
+                     "wall_seconds": summary.get("wall_seconds"), "steps_per_second": summary.get("steps_per_second"),
+                     "peak_memory_mib": summary.get("peak_memory_mib"),
+                     "features_init_norm": summary.get("features_init_norm"),
                      **{key: (summary.get("data") or {}).get(key) for key in DATA_REFERENCES}})
-        for name, sink in (("metrics.csv", metrics), ("layers.csv", layers), ("dependency.csv", dependency)):
-            path = folder / name
+        for name, sink in files.items():
+            path = folder / f"{name}.csv"
             if path.exists() and path.stat().st_size > 0:
                 frame = pd.read_csv(path)
                 for key, value in reversed(list(info.items())):
                     frame.insert(0, key, value)
                 sink.append(frame)
-    return Tables(
-        runs=pd.DataFrame(runs),
-        metrics=pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(),
-        layers=pd.concat(layers, ignore_index=True) if layers else pd.DataFrame(),
-        dependency=pd.concat(dependency, ignore_index=True) if dependency else pd.DataFrame(),
-    )
+    return Tables(runs=pd.DataFrame(runs),
+                  **{name: pd.concat(sink, ignore_index=True) if sink else pd.DataFrame()
+                     for name, sink in files.items()})
 
 
 def _overrides(folder: Path):
@@ -94,7 +98,7 @@ def _overrides(folder: Path):
 
 
 def write_collected(outputs: Path) -> Path:
-    """Write outputs/collected/{runs,metrics,layers,dependency}.csv; return that folder."""
+    """Write outputs/collected/{runs,metrics,layers,...}.csv (RUN_FILES); return that folder."""
     tables = collect(outputs)
     target = Path(outputs) / "collected"
     target.mkdir(parents=True, exist_ok=True)

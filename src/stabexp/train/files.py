@@ -20,9 +20,11 @@ from stabexp.atomic import write_atomic
 SUMMARY = "summary.json"
 MODEL = "model.pt"  # the final weights, with train.save_model
 DEPENDENCY = "dependency.csv"  # the residual dependency, with probe.dependency
+UPDATE_BOUND = "update_bound.csv"  # DeepNet's bound on the model update, with probe.update_bound
 # What two runs of one config may write differently: the wall-clock columns and summary fields,
-# and the folder itself (a resumed run, or the same run in another place).
-WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "resumed_from", "out_dir")
+# the process's peak memory, and the folder itself (a resumed run, or the same run elsewhere).
+WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "peak_memory_mib", "resumed_from",
+              "out_dir")
 LOCK = "run.lock"
 
 

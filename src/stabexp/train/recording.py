@@ -10,7 +10,8 @@ weight matrix holds its norm, the angular update of step i, the effective lr and
 weight is scale-invariant (probes/weights.py). With probe.at_init the step-0 rows also hold
 Admin's output change and the gradient at theta_0 (probes/at_init.py). With probe.dependency,
 dependency.csv holds the residual dependency at step 0 and at the last step
-(probes/dependency.py).
+(probes/dependency.py). With probe.update_bound, update_bound.csv holds DeepNet's bound on the
+model update term by term at every probe step (probes/update_bound.py).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def record(run, step: int, lr, loss, grads, at_init: Optional[Dict] = None, weig
         if run.weights is not None:
             rows += weight_rows(run, step, lr if lr is not None else run.sched.get_last_lr()[0], weights_moved)
         run.layers.write(rows)
+        if run.bound is not None:
+            run.bound_log.write(run.bound.rows(step))
     if run.is_eval_step(step):
         row.update(run.task.evaluate(run.model, step))
         result = run.result

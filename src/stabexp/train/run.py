@@ -21,12 +21,14 @@ from stabexp.config import ConfigError
 from stabexp.data import Task
 from stabexp.model import build_model, initialise
 from stabexp.modes import eval_mode
-from stabexp.probes import LayerProbe
+from stabexp.probes import LayerProbe, model_update
+from stabexp.probes import update_bound
+from stabexp.probes.update_bound import UpdateBound
 from stabexp.probes.at_init import grad_at_init, mean_of, output_change
 from stabexp.probes.weights import WeightProbe, scale_invariance
 from stabexp.train import checkpoint
 from stabexp.atomic import write_atomic
-from stabexp.train.files import MODEL, SUMMARY, CsvLog, write_json
+from stabexp.train.files import MODEL, SUMMARY, UPDATE_BOUND, CsvLog, write_json
 from stabexp.train.losses import z_loss
 from stabexp.train.optim import build_optimizer, torch_form
 from stabexp.train.recording import LAYERS_COLUMNS, Progress, metrics_columns, record, record_dependency
@@ -88,6 +90,7 @@ class Run:
         self.probe_src, self.probe_tgt_in, _ = self.task.probe_batch()
         self.model = model = build_model(self.cfg, self.task.vocab_size, self.task.pad_id,
                                          self.task.max_positions).to(device)
+        model.checkpoint_layers = t.activation_checkpointing
         self.probe_tokens = model.feature_mask(self.probe_src, self.probe_tgt_in)
         if state is None:
             self._describe(self.summary)
@@ -111,6 +114,9 @@ class Run:
         p, model = self.cfg.probe, self.model
         self.probe = LayerProbe(model) if p.enabled else None
         self.weights = WeightProbe(model) if p.enabled and p.weights else None
+        init = state["probes"].get("update_bound_init") if state is not None else None
+        self.bound = (UpdateBound(model, [w.to(self.device) for w in init] if init is not None else None)
+                      if p.enabled and p.update_bound else None)
         if self.weights is not None:
             if state is None:
                 self.scale_invariant = scale_invariance(model, lambda: model(self.probe_src, self.probe_tgt_in))
@@ -151,6 +157,7 @@ class Run:
         self.explode_at = float("inf")
         self.metrics = CsvLog(self.out_dir / "metrics.csv", columns)
         self.layers = CsvLog(self.out_dir / "layers.csv", LAYERS_COLUMNS)
+        self.bound_log = CsvLog(self.out_dir / UPDATE_BOUND, update_bound.COLUMNS) if self.bound is not None else None
         self.steps_done = 0
         self.result = {"status": "completed", "diverged_at_step": None, "first_loss": None,
                        "last_loss": None, "best_eval_loss": None, "final_eval_loss": None,
@@ -161,6 +168,10 @@ class Run:
             # update at step 0 is exactly 0.
             with eval_mode(self.model):
                 self.features_init = self.probe.probe_pass(self.probe_src, self.probe_tgt_in)[0].clone()
+            if self.bound is not None:
+                # ||F(x, theta_0)|| per token: what the bound's relative model update divides by.
+                self.summary["features_init_norm"] = model_update(self.features_init, 0 * self.features_init,
+                                                                  self.probe_tokens).item()
         self.model.train()
         record(self, 0, None, None, None, at_init=self.probe_at_init() if self.cfg.probe.at_init else None)
         if self.cfg.probe.dependency:
@@ -195,14 +206,16 @@ class Run:
         """Everything a resumed run needs (train/checkpoint.py), at the end of step steps_done."""
         probes = {"features_init": self.features_init,
                   "weights_previous": self.weights.previous if self.weights is not None else None,
-                  "scale_invariant": self.scale_invariant if self.weights is not None else None}
+                  "scale_invariant": self.scale_invariant if self.weights is not None else None,
+                  "update_bound_init": self.bound.init if self.bound is not None else None}
         return {"config": checkpoint.config_text(self.cfg), "step": self.steps_done,
                 "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "schedule": self.sched.state_dict(), "rng": checkpoint.rng_state(),
                 "task": self.task.state_dict(), "probes": probes, "result": dict(self.result),
                 "explode_at": self.explode_at, "summary": self.summary,
                 "elapsed": time.perf_counter() - self.start,
-                "csv": {"metrics": self.metrics.position(), "layers": self.layers.position()}}
+                "csv": {"metrics": self.metrics.position(), "layers": self.layers.position(),
+                        "update_bound": self.bound_log.position() if self.bound_log else None}}
 
     def _restore(self, state: Dict) -> None:
         columns = metrics_columns(self.task.eval_columns)
@@ -218,6 +231,8 @@ class Run:
         # Rows written after the checkpoint are cut: the resumed run writes them again.
         self.metrics = CsvLog(self.out_dir / "metrics.csv", columns, resume_at=state["csv"]["metrics"])
         self.layers = CsvLog(self.out_dir / "layers.csv", LAYERS_COLUMNS, resume_at=state["csv"]["layers"])
+        self.bound_log = (CsvLog(self.out_dir / UPDATE_BOUND, update_bound.COLUMNS,
+                                 resume_at=state["csv"]["update_bound"]) if self.bound is not None else None)
         self.task.load_state_dict(state["task"])
         self.progress.resume_at(self.steps_done)
         self.model.train()
@@ -226,7 +241,7 @@ class Run:
     def save_checkpoint(self) -> None:
         """The checkpoint, then summary.json saying where a resumed run would start
         (`stabexp status` reads it there, without loading the checkpoint)."""
-        for log_file in (self.metrics, self.layers):
+        for log_file in self._logs():
             log_file.sync()
         checkpoint.save(self.out_dir, self.checkpoint_state())
         self.summary["checkpoint_step"] = self.steps_done
@@ -321,7 +336,10 @@ class Run:
                      "pad_id": self.task.pad_id, "max_positions": self.task.max_positions}
             write_atomic(self.out_dir / MODEL, lambda f: torch.save(model, f))
 
+    def _logs(self) -> List[CsvLog]:
+        return [self.metrics, self.layers] + ([self.bound_log] if self.bound_log else [])
+
     def close(self) -> None:
-        self.metrics.close()
-        self.layers.close()
+        for log_file in self._logs():
+            log_file.close()
         self.progress.close()

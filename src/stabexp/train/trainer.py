@@ -20,6 +20,7 @@ from typing import Dict, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from stabexp import memory
 from stabexp.config import validate
 from stabexp.data import Task, make_task
 from stabexp.train import checkpoint
@@ -90,6 +91,7 @@ def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task:
               state: Optional[Dict] = None) -> Dict:
     """The loop: steps, with a checkpoint every train.checkpoint_every steps and when the
     process is asked to stop (then RunStopped); then what the task measures at the end."""
+    memory.reset(device_of(cfg.train.device))  # the peak of this run, not of earlier jobs of a sweep
     run = Run(cfg, out_dir, summary, start, task, state=state)
     stop = StopRequests()
     try:
@@ -115,6 +117,7 @@ def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task:
     wall = time.perf_counter() - run.start
     run.result.update(steps_done=run.steps_done, wall_seconds=wall,
                       steps_per_second=run.steps_done / wall if wall > 0 else None,
+                      peak_memory_mib=memory.peak_mib(run.device),
                       target_tokens=task.target_tokens)
     for key in ("checkpoint_step", "interrupted_by"):
         summary.pop(key, None)

@@ -1,0 +1,95 @@
+"""DeepNet's bound on the model update, measured (Wang et al. 2022, arXiv 2203.00555, Sec. 4.2).
+
+Theorem 4.1: for an N-layer stack whose 2N sublayers are x_{l+1} = LN(alpha x_l + G_l(x_l)),
+each branch treated as G = v w x (v, w the scales of W_V and W_O in the self-attention, of W_1
+and W_2 in the FFN),
+
+    ||F(x, theta*) - F(x, theta)|| <= sum_i sqrt(v_i^2 + w_i^2) / alpha * ||theta*_i - theta_i||.
+
+Post-LN is the case alpha = 1. DeepNet chooses alpha and the init gain beta (v = w = beta at
+init) so that this sum stays O(1) as N grows; a fixed-size update of every sublayer then moves F
+by O(1), where Post-LN's sum grows with N.
+
+The theorem's G is a scalar map; for matrices the reading that keeps its inequality is the
+operator (spectral) norm, and it is this probe's: v_i = ||W_V||_2 and w_i = ||W_O||_2 (W_1, W_2 in
+the FFN) at theta_t, and ||theta*_i - theta_i|| = sqrt(||dW_V||_2^2 + ||dW_O||_2^2) between theta_0
+and theta_t, the pair the model update ||F(x, theta_t) - F(x, theta_0)|| is measured between; to
+first order ||d(W_O W_V)|| <= ||W_O|| ||dW_V|| + ||dW_O|| ||W_V||, Cauchy-Schwarz gives the
+theorem's product, and the norm after each sublayer divides by alpha. W_Q, W_K, the biases and the
+norms' gains are not variables of the theorem and are left out.
+A second reading is kept beside it, the one of the paper's own words (the "scale" of a matrix as
+its init gain): v = ||W||_F / xi, xi = sqrt(2 fan_in fan_out / (fan_in + fan_out)) the Frobenius
+norm of a Xavier-normal matrix of gain 1 (v = beta at DeepNorm's init, 1 / k_l at Post-LN-init's),
+and the change ||dW||_F / xi in the same units: the columns *_gain. It ignores how an update lines
+up with the input, so it can fall below the measured update.
+The bound is a statement about a normalised F, so it is compared with the model update relative
+to F's own size: model_update / ||F(x, theta_0)|| per token (stabexp.analysis,
+`update_bound_table`).
+
+One file, update_bound.csv: a row per (probe step, sublayer) with alpha, v, w, the parameter
+change and the sublayer's term of the sum, in both readings.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+COLUMNS = ["step", "stack", "layer", "sublayer", "alpha", "v", "w", "param_change", "term",
+           "v_gain", "w_gain", "param_change_gain", "term_gain"]
+# The two matrices of each sublayer's G = v w x (DeepNet Sec. 4.2).
+SCALED = {"self_attn": ("v", "o"), "ffn": ("w1", "w2")}
+
+
+def xavier_norm(w: torch.Tensor) -> float:
+    """Expected Frobenius norm of a Xavier-normal matrix of gain 1 with w's shape."""
+    fan_out, fan_in = w.shape
+    return math.sqrt(2.0 * fan_in * fan_out / (fan_in + fan_out))
+
+
+class UpdateBound:
+    """The right-hand side of Theorem 4.1 for a single-stack model, term by term."""
+
+    def __init__(self, model, init: Optional[List[torch.Tensor]] = None):
+        self.keys: List[Tuple[str, int, str]] = []
+        self.alphas: List[float] = []
+        self.matrices: List[torch.Tensor] = []  # (V, O) or (W_1, W_2) of each sublayer, in order
+        for stack, layer, name, res in model.residuals():
+            self.keys.append((stack, layer, name))
+            self.alphas.append(float(getattr(res, "alpha", 1.0)))  # DeepNorm's alpha; Post-LN's 1
+            mats = res.branch.matrices()
+            self.matrices += [mats[k] for k in SCALED[name]]
+        self.xi = torch.tensor([xavier_norm(w) for w in self.matrices], device=self.matrices[0].device)
+        # theta_0: taken now (a new run) or the checkpoint's copy (a resumed one).
+        self.init = init if init is not None else [w.detach().clone() for w in self.matrices]
+
+    @torch.no_grad()
+    def rows(self, step: int) -> List[Dict]:
+        current = [w.detach() for w in self.matrices]
+        changes = list(torch._foreach_sub(current, self.init))
+        spectral = _spectral_norms(current + changes)
+        frobenius = torch.stack(torch._foreach_norm(current + changes)).float()
+        n = len(current)
+        values = torch.stack([spectral[:n], spectral[n:], frobenius[:n] / self.xi, frobenius[n:] / self.xi]).cpu()
+        alpha = torch.tensor(self.alphas)
+        rows = [{"step": step, "stack": stack, "layer": layer, "sublayer": name, "alpha": a}
+                for (stack, layer, name), a in zip(self.keys, self.alphas)]
+        for suffix, scales, moved in (("", values[0], values[1]), ("_gain", values[2], values[3])):
+            scale, change = scales.view(-1, 2), moved.view(-1, 2).pow(2).sum(1).sqrt()
+            term = scale.pow(2).sum(1).sqrt() / alpha * change
+            for row, (v, w), c, t in zip(rows, scale.tolist(), change.tolist(), term.tolist()):
+                row.update({f"v{suffix}": v, f"w{suffix}": w, f"param_change{suffix}": c, f"term{suffix}": t})
+        return rows
+
+
+def _spectral_norms(matrices: List[torch.Tensor]) -> torch.Tensor:
+    """||W||_2 of each matrix, one batched call per shape (V and O are d x d, W_1 and W_2 not)."""
+    out = torch.empty(len(matrices), device=matrices[0].device)
+    by_shape: Dict[Tuple[int, ...], List[int]] = {}
+    for k, w in enumerate(matrices):
+        by_shape.setdefault(tuple(w.shape), []).append(k)
+    for ks in by_shape.values():
+        out[ks] = torch.linalg.matrix_norm(torch.stack([matrices[k] for k in ks]).float(), ord=2)
+    return out
