@@ -12,10 +12,13 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 # The presets of conf/experiment, in the order `make reproduce` runs them; SCALE=quick for a quick pass.
-# The Multi30k presets (admin_clinic, *_paper, multi30k_table, admin_rezero) download it into $STABEXP_DATA on first use.
+# The Multi30k presets (admin_clinic, *_paper, multi30k_table, admin_rezero, deepnet_bleu_depth, deepnet_robustness)
+# download it into $STABEXP_DATA on first use.
 PRESETS := admin_output_change grad_at_init admin_clinic deepnet_early deepnet_depth depth_table smd \
            deepnet_depth_paper deepnet_early_paper multi30k_table lm_depth lr_sensitivity \
-           admin_grad_vanishing admin_dependency admin_hybrid admin_grid admin_rezero
+           admin_grad_vanishing admin_dependency admin_hybrid admin_grid admin_rezero \
+           deepnet_bound deepnet_depth_law deepnet_lm_depth deepnet_bleu_depth deepnet_robustness \
+           deepnet_1000_layers lm_1000_layers
 SCALE   ?= default
 
 .PHONY: install run reproduce docs-figures test test-fast plots bench

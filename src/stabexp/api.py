@@ -8,6 +8,7 @@ These are the readers `stabexp report` and `make plots` use, so a notebook sees 
     sweep.metrics                    # one row per run and step (metrics.csv of every run)
     sweep.layers                     # one row per run, step and sublayer (layers.csv)
     sweep.dependency                 # probe.dependency: per run, step, sublayer, component
+    sweep.update_bound               # probe.update_bound: DeepNet Theorem 4.1's terms per run, step, sublayer
     run = api.load_run(sweep.runs.run[0], root=sweep.folder)
     run.summary["constants"], run.config["train"]["lr"], run.metrics.model_update
     print(api.report(sweep.folder))  # the markdown `stabexp report` prints
@@ -29,6 +30,7 @@ import pandas as pd
 from stabexp.analysis import (  # noqa: F401  (re-exported: the fits the report and figures use)
     clinic_fits,
     clinic_ratio,
+    depth_law,
     encoder_input_change,
     last_w2_grad,
     lr_sensitivity,
@@ -37,6 +39,8 @@ from stabexp.analysis import (  # noqa: F401  (re-exported: the fits the report 
     output_change_table,
     preln_stream_growth,
     smd_equilibrium,
+    update_bound_steps,
+    update_bound_table,
     w2_grad_slopes,
 )
 from stabexp.config import outputs_dir
@@ -46,9 +50,9 @@ from stabexp.plotting.figures import preset_tables, read_collected
 PathLike = Union[str, Path]
 
 __all__ = ["Run", "Sweep", "load_run", "load_sweep", "load_outputs", "load_collected", "preset",
-           "report", "clinic_fits", "clinic_ratio", "encoder_input_change", "last_w2_grad",
+           "report", "clinic_fits", "clinic_ratio", "depth_law", "encoder_input_change", "last_w2_grad",
            "lr_sensitivity", "lr_sensitivity_table", "output_change_fits", "output_change_table",
-           "preln_stream_growth", "smd_equilibrium", "w2_grad_slopes"]
+           "preln_stream_growth", "smd_equilibrium", "update_bound_steps", "update_bound_table", "w2_grad_slopes"]
 
 
 @dataclass

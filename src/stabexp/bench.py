@@ -12,7 +12,10 @@ Variants, for each model size and depth (N encoder + N decoder layers, same batc
              (the one-off dense window of the first 20 steps is not part of the steady state
              measured here: probe.first_steps=0).
   d:GROUP    the same with probes at every step.
-Probe cost is c or d against b of the same group.
+  e:GROUP    b with activation checkpointing (train.activation_checkpointing=true): each layer
+             recomputed in the backward pass. Not measured unless asked for (--variants).
+Probe cost is c or d against b of the same group; for e the same column is the cost of the
+recomputation.
 
 Tasks: `reverse` (fixed batches of 64 x 10 tokens) or `multi30k` (real De-En batches of at most
 --max-tokens padded tokens, length-bucketed; every variant draws the same batches, from the
@@ -59,8 +62,9 @@ def task_overrides(task: str, batch_size: int, max_tokens: int) -> List[str]:
     return ["task=multi30k", f"train.max_tokens={max_tokens}", "train.batch_size=0"]
 
 
-def variant_names() -> List[str]:
-    return ["a"] + [f"{kind}:{g}" for kind in "bcd" for g in GROUPS]
+def variant_names(kinds: str = "bcd") -> List[str]:
+    """The variants measured by default; kinds="bcde" adds the checkpointing ones."""
+    return ["a"] + [f"{kind}:{g}" for kind in kinds for g in GROUPS]
 
 
 def probes_off(variant: str) -> str:
@@ -122,7 +126,7 @@ def variant_config(variant: str, size: str, depth: int, task: List[str], seed: i
                  "train.steps=1000000000", "train.eval_every=1000000000"]
     # The dense window of the first steps is a one-off: the bench measures the steady state.
     overrides += {"a": [], "b": ["probe.enabled=false"], "c": ["probe.first_steps=0"],
-                  "d": ["probe.every=1"]}[kind]
+                  "d": ["probe.every=1"], "e": ["probe.enabled=false", "train.activation_checkpointing=true"]}[kind]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
@@ -148,15 +152,15 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_speed(size: str, depth: int, steps: int, repeats: int, task: List[str],
-                  device: torch.device, seed: int = 0) -> Dict[str, Dict]:
+                  device: torch.device, seed: int = 0, variants: List[str] = ()) -> Dict[str, Dict]:
     """Seconds per step and per target token of every variant, interleaved windows; medians of
     paired ratios (in tokens per second, so that windows of different batches compare)."""
     every = ProbeConfig().every  # the default probe period: a window of (c) holds whole periods
     windows = {v: (math.ceil(steps / every) * every if v.startswith("c:") else steps)
-               for v in variant_names()}
+               for v in variants or variant_names()}
     with tempfile.TemporaryDirectory() as tmp:
         loops = {v: make_loop(v, size, depth, task, seed, device, Path(tmp) / v.replace(":", "_"))
-                 for v in variant_names()}
+                 for v in windows}
         next_step = {}
         for v, loop in loops.items():  # warm-up: allocator, kernels, Adam state
             loop.step(1)
@@ -181,13 +185,14 @@ def measure_speed(size: str, depth: int, steps: int, repeats: int, task: List[st
             if hasattr(loop, "close"):
                 loop.close()
     result = {}
+    nan = float("nan")
     for v, ts in per_step.items():
-        base, tok = per_token[probes_off(v)], per_token[v]
+        base, tok, a = per_token.get(probes_off(v)), per_token[v], per_token.get("a")
         result[v] = {
             "steps_per_s": statistics.median(1 / t for t in ts),
             "tokens_per_s": statistics.median(1 / t for t in tok),
-            "speed_vs_a": statistics.median(per_token["a"][r] / tok[r] for r in range(repeats)),
-            "probe_cost": statistics.median(tok[r] / base[r] - 1 for r in range(repeats)),
+            "speed_vs_a": statistics.median(a[r] / tok[r] for r in range(repeats)) if a else nan,
+            "probe_cost": statistics.median(tok[r] / base[r] - 1 for r in range(repeats)) if base else nan,
         }
     return result
 
@@ -219,7 +224,7 @@ def measure_memory(variant: str, size: str, depth: int, task: List[str], device:
 
 
 def run_bench(sizes, depths, steps, repeats, task_name: str, batch_size: int, max_tokens: int, memory: bool,
-              out: Path, overrides: List[str] = ()) -> Dict:
+              out: Path, overrides: List[str] = (), variants: List[str] = ()) -> Dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"# device {device} ({name}), torch {torch.__version__}", file=sys.stderr, flush=True)
@@ -228,13 +233,13 @@ def run_bench(sizes, depths, steps, repeats, task_name: str, batch_size: int, ma
     for size in sizes:
         for depth in depths:
             t0 = time.perf_counter()
-            speed = measure_speed(size, depth, steps, repeats, task, device)
-            mem = {v: measure_memory(v, size, depth, task, device, window=3)
-                   for v in variant_names()} if memory else {}
-            for v in variant_names():
+            chosen = list(variants or variant_names())
+            speed = measure_speed(size, depth, steps, repeats, task, device, variants=chosen)
+            mem = {v: measure_memory(v, size, depth, task, device, window=3) for v in chosen} if memory else {}
+            for v in chosen:
                 rows.append({"size": size, "depth": depth, "variant": v, **speed[v],
                              "peak_mib": mem.get(v),
-                             "mem_vs_b": mem[v] / mem[probes_off(v)] if mem else None})
+                             "mem_vs_b": mem[v] / mem[probes_off(v)] if probes_off(v) in mem else None})
             print(f"# {size} {depth}L-{depth}L measured in {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
     batches = (f"batch {batch_size} x 10 tokens" if task_name == "reverse" else
@@ -257,11 +262,12 @@ def format_table(report: Dict) -> str:
              "memory vs b |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
-        cost = f"{r['probe_cost']:+.1%}" if r["variant"] != "a" else "-"
+        cost = f"{r['probe_cost']:+.1%}" if r["variant"] != "a" and r["probe_cost"] == r["probe_cost"] else "-"
         mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
         mem_ratio = f"{r['mem_vs_b']:.2f}" if r["mem_vs_b"] is not None and r["variant"] != "a" else "-"
+        vs_a = f"{r['speed_vs_a']:.2f}" if r["speed_vs_a"] == r["speed_vs_a"] else "-"
         lines.append(f"| {r['size']} | {r['depth']} | {r['variant']} | {r['steps_per_s']:.2f} | "
-                     f"{r['tokens_per_s']:.0f} | {r['speed_vs_a']:.2f} | {cost} | {mem} | {mem_ratio} |")
+                     f"{r['tokens_per_s']:.0f} | {vs_a} | {cost} | {mem} | {mem_ratio} |")
     return "\n".join(lines)
 
 
@@ -278,6 +284,9 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=4096, help="multi30k: padded tokens per batch")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every variant (repeatable), e.g. task.path=DIR")
+    parser.add_argument("--variants", default="", help="comma list of the variants to measure (default: all, "
+                        "a and b:/c:/d: of postln, deepnorm, admin; e: is b with activation checkpointing), e.g. "
+                        "b:deepnorm,e:deepnorm")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default outputs/bench/bench.json)")
     parser.add_argument("--memory-child", nargs=6, help=argparse.SUPPRESS)
@@ -297,7 +306,12 @@ def parse_args(argv=None):
         parser.exit(2, "stabexp bench: error: --steps, --repeats, --batch-size and --max-tokens must be >= 1\n")
     if args.task not in TASKS:
         parser.exit(2, f"stabexp bench: error: --task {args.task} not allowed: choose from {', '.join(TASKS)}\n")
-    args.sizes, args.depths = sizes, depths
+    variants = [v for v in args.variants.split(",") if v]
+    bad = [v for v in variants if v not in variant_names("bcde")]
+    if bad:
+        parser.exit(2, f"stabexp bench: error: --variants {','.join(bad)} not allowed: choose from "
+                       f"{', '.join(variant_names('bcde'))}\n")
+    args.sizes, args.depths, args.variants = sizes, depths, variants
     return parser, args
 
 
@@ -311,7 +325,7 @@ def main(argv=None) -> int:
     out = args.out or outputs_dir() / "bench" / "bench.json"
     try:
         report = run_bench(sizes, depths, args.steps, args.repeats, args.task, args.batch_size, args.max_tokens,
-                           not args.no_memory, out, args.override)
+                           not args.no_memory, out, args.override, args.variants)
     except ConfigError as err:  # the data: a failed download, a bad corpus
         parser.exit(2, f"stabexp bench: error: {err}\n")
     print(format_table(report))

@@ -3,7 +3,7 @@ read off the papers' figures (by eye, so good to about the width of a line), and
 papers' curves give. One place, so that a figure and the report cannot disagree about them.
 
 Sources: Liu et al. 2020 (Admin, arXiv 2004.08249) Fig. 4 as Transformer-Clinic plots it; Wang et
-al. 2022 (DeepNet, arXiv 2203.00555 v1) Figs. 4 and 5. The protocols behind each are in the
+al. 2022 (DeepNet, arXiv 2203.00555 v1) Figs. 4-8 and Table 2. The protocols behind each are in the
 presets that reproduce them (conf/experiment/admin_clinic.yaml, deepnet_early_paper.yaml,
 deepnet_depth_paper.yaml).
 """
@@ -53,3 +53,22 @@ ADMIN_DEPENDENCY_DIAGONAL = {
     ("admin", "init"): "0.4 early, 0.15-0.2 deep (18L)",
     ("admin", "end"): "0.3-0.4 (18L)",
 }
+
+# DeepNet v1 Fig. 6: IWSLT-14 De-En test BLEU against depth (N = M layers -> BLEU), 8k steps.
+# Post-LN: about 4 at 10L and 0 from 20L on; R-Fixup, ReZero and T-Fixup as their two ends.
+DEEPNET_BLEU_DEPTH = {
+    "deepnorm": {10: 29.9, 20: 30.9, 30: 31.1, 40: 31.3, 50: 31.2, 60: 31.4, 70: 31.7, 80: 31.5, 90: 31.5, 100: 31.7},
+    "admin": {10: 28.8, 20: 29.2, 30: 28.8, 40: 28.2, 50: 27.9, 60: 22.6, 70: 16.7, 80: 16.8, 90: 0.5, 100: 0.7},
+    "postln": {10: 4.0, 20: 0.0, 100: 0.0},
+    "preln": {10: 29.6, 100: 24.2},
+    "fixup": {10: 29.6, 100: 30.3},
+    "rezero": {10: 25.9, 100: 28.0},
+    "t_fixup": {10: 29.6, 100: 27.0},
+}
+# DeepNet v1 Fig. 8 / Table 2: OPUS-100 average BLEU against depth (layers per stack), fitted
+# there as A log(depth) + B.
+DEEPNET_DEPTH_LAW = {12: 25.3, 20: 26.6, 100: 30.1, 200: 31.1, 1000: 32.1}
+# DeepNet v1 Fig. 7: final validation loss of an 18L-18L DeepNet on WMT-17 under one change.
+DEEPNET_ROBUSTNESS = {"lr": {"5e-4": 3.97, "1e-3": 3.91, "1.5e-3": 3.89},
+                      "batch": {"64x4k": 3.91, "128x4k": 3.89, "256x4k": 3.88},
+                      "width": {"512": 3.99, "768": 3.99, "1024": 4.13}}

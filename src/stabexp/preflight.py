@@ -16,7 +16,7 @@ from stabexp.config import ConfigError, conf_dir, unknown_key_message, validate
 # Hydra flags that take a value, so the value is not read as an override.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
                      "-cn", "--config-dir", "-cd", "--experimental-rerun"}
-_CONFIG_GROUPS = ("group", "model", "task", "optim", "experiment", "scale")
+_CONFIG_GROUPS = ("group", "model", "task", "optim", "experiment", "scale", "robustness")
 
 
 def split_args(args: List[str]):

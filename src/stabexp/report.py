@@ -241,6 +241,8 @@ def cost_section(runs: pd.DataFrame) -> List[str]:
     cost = runs.dropna(subset=["peak_memory_mib"]).groupby(["group", "depth"], sort=False).agg(
         runs=("run", "count"), s_per_step=("steps_per_second", lambda v: (1 / v).mean()),
         wall_min=("wall_seconds", lambda v: v.mean() / 60), peak_mib=("peak_memory_mib", "mean")).reset_index()
+    rank = {g: i for i, g in enumerate(ordered_groups(cost.group))}
+    cost = cost.assign(rank=cost.group.map(rank)).sort_values(["rank", "depth"]).drop(columns="rank")
     return ["", "Cost per cell (mean over its runs): seconds per step over the whole run (probes and evals "
             "included), wall minutes, peak memory (CUDA allocator; on the CPU the process's peak RSS).", "",
             *_markdown(cost, {"s_per_step": "{:.3f}", "wall_min": "{:.1f}", "peak_mib": "{:.0f}"})]

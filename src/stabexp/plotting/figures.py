@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from stabexp.plotting.collect import Tables  # noqa: E402
+from stabexp.plotting.collect import RUN_FILES, Tables  # noqa: E402
 
 # The first six keep the colours of the figures made before the other Table 1 rows arrived.
 GROUP_ORDER = ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin",
@@ -101,7 +101,7 @@ def update_vs_depth(metrics: pd.DataFrame, extra: Optional[Callable] = None, las
 
 # --- reading the collected tables ------------------------------------------------------------
 
-TABLES = ("runs", "metrics", "layers", "dependency")
+TABLES = ("runs", *RUN_FILES)
 
 
 def read_collected(collected: Path) -> Tables:
@@ -181,6 +181,12 @@ def figure_main(name: str, experiment: str, draw: Callable[[dict], Optional[obje
     outputs = Path(argv[0]) if argv else outputs_dir()
     tables = preset_tables(read_collected(outputs / "collected"), experiment)
     fig = draw(tables) if not tables["runs"].empty else None
+    return _saved(fig, name, experiment, outputs,
+                  f"{len(tables['runs'])} runs of {experiment}{scale_note(tables['runs'])}")
+
+
+def _saved(fig, name: str, experiment: str, outputs: Path, source: str) -> int:
+    """Save a drawn figure as outputs/figures/NAME.{png,pdf}, or report it skipped (fig None)."""
     if outcomes is not None:
         outcomes.append((name, experiment, fig is not None))
     if fig is None:
@@ -188,6 +194,67 @@ def figure_main(name: str, experiment: str, draw: Callable[[dict], Optional[obje
             print(skip_message(name, experiment))
         return 0
     save(fig, outputs / "figures" / name)
-    print(f"wrote {outputs / 'figures' / name}.png and .pdf ({len(tables['runs'])} runs of {experiment}"
-          f"{scale_note(tables['runs'])})")
+    print(f"wrote {outputs / 'figures' / name}.png and .pdf ({source})")
     return 0
+
+
+def cells_main(name: str, experiment: str, recipe: str, draw: Callable[[pd.DataFrame, pd.DataFrame], Optional[object]],
+               argv=None) -> int:
+    """Body of a figure script drawn from cells (stabexp/cells.py): by default the preset's runs
+    under outputs/collected, as every figure; with `--cells TABLE` the committed table of
+    finished runs of `recipe` (docs/data) and its curves, which outlive the run folders.
+    draw(cells, curves) gets the cells and their validation curves."""
+    from stabexp import cells as cell_tables
+    from stabexp.config import outputs_dir
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--cells"]:
+        table = Path(argv[1])
+        cells = cell_tables.read(table)
+        cells = cells[cells.recipe == recipe]
+        curves_file = cell_tables.curves_path(table)
+        curves = cell_tables.read(curves_file) if curves_file.is_file() else pd.DataFrame(columns=cell_tables.CURVE_COLUMNS)
+        curves = curves[curves.recipe == recipe]
+        outputs, source = outputs_dir(), f"{len(cells)} cells of {recipe} in {table}"
+    else:
+        outputs = Path(argv[0]) if argv else outputs_dir()
+        tables = preset_tables(read_collected(outputs / "collected"), experiment)
+        cells = cell_tables.from_runs(tables["runs"], recipe)
+        finished = tables["runs"]
+        if not finished.empty:
+            finished = finished.assign(setting=finished.overrides.map(cell_tables.setting)
+                                       if "overrides" in finished else "")
+        curves = cell_tables.curves_from(tables["metrics"], finished, recipe) if not finished.empty else \
+            pd.DataFrame(columns=cell_tables.CURVE_COLUMNS)
+        source = f"{len(cells)} runs of {experiment}{scale_note(tables['runs'])}"
+        # What every run of the sweep was given (`train.steps=12` on the command line) is not a
+        # setting of one cell: the figure compares the settings that differ.
+        shared = set.intersection(*(set(v.split()) for v in cells.setting)) if not cells.empty else set()
+        for frame in (cells, curves):
+            frame["setting"] = frame.setting.map(lambda v: " ".join(p for p in v.split() if p not in shared))
+    return _saved(draw(cells, curves) if not cells.empty else None, name, experiment, outputs, source)
+
+
+def training_curves(tables: dict, title: str):
+    """Training loss (left), eval loss (middle) and model update (right) over the steps, a line
+    per run: what a sweep of very deep models shows of its training."""
+    metrics = tables["metrics"]
+    if metrics.empty:
+        return None
+    fig, panels = plt.subplots(1, 3, figsize=(FIGSIZE_PER_PANEL[0] * 3, FIGSIZE_PER_PANEL[1]))
+    labels = run_labels(tables["runs"]) if not tables["runs"].empty else {}
+    for run in run_order(metrics):
+        rows = metrics[metrics.run == run]
+        color, label = group_color(rows.group.iloc[0]), labels.get(run, rows.group.iloc[0])
+        for ax, column in zip(panels, ("loss", "eval_loss", "model_update")):
+            points = rows.dropna(subset=[column])
+            ax.plot(points.step, points[column], color=color, lw=1.2, label=label, marker="o" if column == "eval_loss" else None,
+                    ms=3)
+    for ax, name in zip(panels, ("training loss", "eval loss", "model update")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(name)
+    panels[2].set_yscale("symlog", linthresh=1e-3)
+    panels[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
