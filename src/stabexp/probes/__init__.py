@@ -57,7 +57,13 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
     The Frobenius norm of the whole batch would grow like sqrt(B T); this does not, so the
     value does not depend on the probe batch size (DeepNet does not state its normalisation).
     With `tokens` (B, T), the mean runs over the real (unpadded) target tokens only."""
-    return token_mean((features - features_init).pow(2).sum(-1), tokens).sqrt()
+    return per_token_norm(features - features_init, tokens)
+
+
+def per_token_norm(features: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """sqrt(mean over the (real) tokens of ||features_token||_2^2): the model update's norm, and
+    ||F(x, theta_0)|| that DeepNet's bound compares it with (probes/update_bound.py)."""
+    return token_mean(features.pow(2).sum(-1), tokens).sqrt()
 
 
 def log_z_stats(logits: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -21,8 +21,7 @@ from stabexp.config import ConfigError
 from stabexp.data import Task
 from stabexp.model import build_model, initialise
 from stabexp.modes import eval_mode
-from stabexp.probes import LayerProbe, model_update
-from stabexp.probes import update_bound
+from stabexp.probes import LayerProbe, per_token_norm, update_bound
 from stabexp.probes.update_bound import UpdateBound
 from stabexp.probes.at_init import grad_at_init, mean_of, output_change
 from stabexp.probes.weights import WeightProbe, scale_invariance
@@ -170,8 +169,7 @@ class Run:
                 self.features_init = self.probe.probe_pass(self.probe_src, self.probe_tgt_in)[0].clone()
             if self.bound is not None:
                 # ||F(x, theta_0)|| per token: what the bound's relative model update divides by.
-                self.summary["features_init_norm"] = model_update(self.features_init, 0 * self.features_init,
-                                                                  self.probe_tokens).item()
+                self.summary["features_init_norm"] = per_token_norm(self.features_init, self.probe_tokens).item()
         self.model.train()
         record(self, 0, None, None, None, at_init=self.probe_at_init() if self.cfg.probe.at_init else None)
         if self.cfg.probe.dependency:
