@@ -118,8 +118,10 @@ def test_finished_runs_go_into_the_cells_table_once_each(make_cfg, tmp_path):
     again = cells.record(table, [sweep], "recipe_a")  # the same cells: replaced, not added
     assert len(again) == 2 and len(cells.read(cells.curves_path(table))) == 6
     assert len(cells.record(table, [sweep], "recipe_b")) == 4
-    runs = collect(sweep)["runs"]
-    assert cells.from_runs(runs, "x").final_eval_loss.tolist() == runs.final_eval_loss.tolist()
+    tables = collect(sweep)
+    found, found_curves = cells.from_tables(tables, "x")
+    assert found.final_eval_loss.tolist() == tables["runs"].final_eval_loss.tolist()
+    assert len(found_curves) == 6 and (found_curves.recipe == "x").all()
     assert cells.setting("depth=2__group=postln__robustness=lr_x0.5__train.steps=9") == \
         "robustness=lr_x0.5 train.steps=9"
 

@@ -458,11 +458,7 @@ def depth_law(runs: pd.DataFrame, value: str = "final_eval_loss") -> pd.DataFram
         means = rows.groupby("depth")[value].mean()
         if len(means) < 2:
             continue
-        x, y = np.log(means.index.to_numpy(float)), means.to_numpy(float)
-        A, B = np.polyfit(x, y, 1)
-        resid = y - (A * x + B)
-        total = ((y - y.mean()) ** 2).sum()
-        out.append({"group": group, "depths": ",".join(str(int(d)) for d in means.index), "A": A, "B": B,
-                    "r2": 1 - (resid ** 2).sum() / total if total > 0 else np.nan,
-                    "best_depth": int(means.idxmin()), "best": means.min()})
+        fit = least_squares(np.log(means.index.to_numpy(float)), means.to_numpy(float))
+        out.append({"group": group, "depths": ",".join(str(int(d)) for d in means.index), "A": fit["slope"],
+                    "B": fit["intercept"], "r2": fit["r2"], "best_depth": int(means.idxmin()), "best": means.min()})
     return pd.DataFrame(out)

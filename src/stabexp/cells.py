@@ -38,45 +38,43 @@ def setting(overrides) -> str:
     return " ".join(p for p in overrides.split("__") if p and not p.startswith(_NOT_SETTING))
 
 
-def from_runs(runs: pd.DataFrame, recipe: str, dates=None) -> pd.DataFrame:
-    """Cells (COLUMNS) of a collected runs table's finished runs; `dates` by run id."""
-    if runs.empty:
-        return pd.DataFrame(columns=COLUMNS)
+def _finished(runs: pd.DataFrame) -> pd.DataFrame:
     runs = runs[runs.status.isin(FINISHED)].copy()
-    runs["recipe"] = recipe
     runs["setting"] = runs.overrides.map(setting) if "overrides" in runs else ""
+    return runs
+
+
+def _in_columns(frame: pd.DataFrame, columns) -> pd.DataFrame:
+    for column in columns:
+        if column not in frame:
+            frame[column] = None
+    return frame[columns].reset_index(drop=True)
+
+
+def from_tables(tables, recipe: str, dates=None):
+    """(cells in COLUMNS, their eval curves in CURVE_COLUMNS) of the finished runs of collected
+    tables (plotting/collect.py); `dates` by run id."""
+    runs = tables["runs"]
+    if runs.empty:
+        return pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=CURVE_COLUMNS)
+    runs = _finished(runs).assign(recipe=recipe)
     runs["s_per_step"] = 1 / runs.steps_per_second if "steps_per_second" in runs else None
     runs["date"] = runs.run.map(dates) if dates is not None else ""
-    for column in COLUMNS:
-        if column not in runs:
-            runs[column] = None
-    return runs[COLUMNS].reset_index(drop=True)
-
-
-def curves_from(metrics: pd.DataFrame, cells_runs: pd.DataFrame, recipe: str) -> pd.DataFrame:
-    """The eval rows (CURVE_COLUMNS) of those runs: validation loss (and BLEU) over the steps."""
+    metrics = tables["metrics"]
     if metrics.empty or "eval_loss" not in metrics:
-        return pd.DataFrame(columns=CURVE_COLUMNS)
-    rows = metrics.dropna(subset=["eval_loss"]).merge(cells_runs[["run", "setting"]], on="run")
-    rows = rows.assign(recipe=recipe)
-    for column in CURVE_COLUMNS:
-        if column not in rows:
-            rows[column] = None
-    return rows[CURVE_COLUMNS].reset_index(drop=True)
+        curves = pd.DataFrame(columns=CURVE_COLUMNS)
+    else:
+        curves = metrics.dropna(subset=["eval_loss"]).merge(runs[["run", "setting", "recipe"]], on="run")
+    return _in_columns(runs, COLUMNS), _in_columns(curves, CURVE_COLUMNS)
 
 
 def finished_cells(sweep_dir: Path, recipe: str):
     """(cells, curves) of the finished runs (completed or diverged) under sweep_dir."""
     tables = collect(sweep_dir)
-    runs = tables["runs"]
-    if runs.empty:
-        return pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=CURVE_COLUMNS)
     root = Path(sweep_dir)
     dates = {run: datetime.date.fromtimestamp((_run_folder(root, run) / "summary.json").stat().st_mtime).isoformat()
-             for run in runs.run}
-    finished = runs[runs.status.isin(FINISHED)].assign(
-        setting=lambda r: r.overrides.map(setting) if "overrides" in r else "")
-    return from_runs(runs, recipe, dates), curves_from(tables["metrics"], finished, recipe)
+             for run in tables["runs"].get("run", [])}
+    return from_tables(tables, recipe, dates)
 
 
 def _run_folder(root: Path, run: str) -> Path:

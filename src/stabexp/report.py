@@ -68,6 +68,12 @@ def _change_cell(table: pd.DataFrame) -> str:
     return f"{table.output_change.mean():.3g}{n}"
 
 
+def _in_group_order(frame: pd.DataFrame, keys: List[str]) -> pd.DataFrame:
+    """frame sorted by `keys`, where "rank" stands for the groups' figure order (ordered_groups)."""
+    rank = {g: i for i, g in enumerate(ordered_groups(frame.group))}
+    return frame.assign(rank=frame.group.map(rank)).sort_values(keys).drop(columns="rank")
+
+
 def _markdown(frame: pd.DataFrame, formats: dict) -> List[str]:
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     for _, row in frame.iterrows():
@@ -114,8 +120,7 @@ def fits_section(tables) -> List[str]:
                                     "seed_slope_min": "{:+.3f}", "seed_slope_max": "{:+.3f}"})
     vanishing = vanishing_table(output_gradients(tables["layers"]))
     if not vanishing.empty:
-        rank = {g: i for i, g in enumerate(ordered_groups(vanishing.group))}
-        vanishing = vanishing.assign(rank=vanishing.group.map(rank)).sort_values(["depth", "rank", "stack"])
+        vanishing = _in_group_order(vanishing, ["depth", "rank", "stack"])
         lines += ["", "Gradient of each sublayer's output at init relative to the largest in the network "
                   "(Admin Theorem 1; Transformer-Clinic's `--plot_gradient`), mean over runs: the stack's "
                   "bottom layer (bottom_range: min-max over runs), its top layer, its smallest sublayer, "
@@ -160,8 +165,7 @@ def clinic_section(layers: pd.DataFrame) -> List[str]:
     fits = clinic_fits(curves) if not curves.empty else pd.DataFrame()
     if fits.empty:
         return []
-    rank = {g: i for i, g in enumerate(ordered_groups(fits.group))}
-    fits = fits.assign(rank=fits.group.map(rank)).sort_values(["model", "rank"])
+    fits = _in_group_order(fits, ["model", "rank"])
     fits = fits.assign(paper=[", ".join(f"{k} {v}" for k, v in paper.ADMIN_FIT_R2.get(g, {}).items()) or "-"
                               for g in fits.group])
     lines = ["", "Change of each encoder sublayer's std-normalised input at init along the deepest encoder "
@@ -241,8 +245,7 @@ def cost_section(runs: pd.DataFrame) -> List[str]:
     cost = runs.dropna(subset=["peak_memory_mib"]).groupby(["group", "depth"], sort=False).agg(
         runs=("run", "count"), s_per_step=("steps_per_second", lambda v: (1 / v).mean()),
         wall_min=("wall_seconds", lambda v: v.mean() / 60), peak_mib=("peak_memory_mib", "mean")).reset_index()
-    rank = {g: i for i, g in enumerate(ordered_groups(cost.group))}
-    cost = cost.assign(rank=cost.group.map(rank)).sort_values(["rank", "depth"]).drop(columns="rank")
+    cost = _in_group_order(cost, ["rank", "depth"])
     return ["", "Cost per cell (mean over its runs): seconds per step over the whole run (probes and evals "
             "included), wall minutes, peak memory (CUDA allocator; on the CPU the process's peak RSS).", "",
             *_markdown(cost, {"s_per_step": "{:.3f}", "wall_min": "{:.1f}", "peak_mib": "{:.0f}"})]
@@ -254,8 +257,7 @@ def update_bound_section(tables) -> List[str]:
     if bound.empty:
         return []
     table = update_bound_table(update_bound_steps(tables["metrics"], bound, tables["runs"]))
-    rank = {g: i for i, g in enumerate(ordered_groups(table.group))}
-    table = table.assign(rank=table.group.map(rank)).sort_values(["rank", "depth"]).drop(columns="rank")
+    table = _in_group_order(table, ["rank", "depth"])
     return ["", "DeepNet Theorem 4.1: the bound sum_i sqrt(v_i^2 + w_i^2) / alpha ||theta_i - theta_i,0|| "
             "(operator norms; probes/update_bound.py) against the measured model update relative to "
             "||F(x, theta_0)||, at steps 1, 10 and 100 (mean over seeds); over every probe step the smallest "

@@ -219,13 +219,7 @@ def cells_main(name: str, experiment: str, recipe: str, draw: Callable[[pd.DataF
     else:
         outputs = Path(argv[0]) if argv else outputs_dir()
         tables = preset_tables(read_collected(outputs / "collected"), experiment)
-        cells = cell_tables.from_runs(tables["runs"], recipe)
-        finished = tables["runs"]
-        if not finished.empty:
-            finished = finished.assign(setting=finished.overrides.map(cell_tables.setting)
-                                       if "overrides" in finished else "")
-        curves = cell_tables.curves_from(tables["metrics"], finished, recipe) if not finished.empty else \
-            pd.DataFrame(columns=cell_tables.CURVE_COLUMNS)
+        cells, curves = cell_tables.from_tables(tables, recipe)
         source = f"{len(cells)} runs of {experiment}{scale_note(tables['runs'])}"
         # What every run of the sweep was given (`train.steps=12` on the command line) is not a
         # setting of one cell: the figure compares the settings that differ.
