@@ -18,7 +18,7 @@ PRESETS := admin_output_change grad_at_init admin_clinic deepnet_early deepnet_d
            deepnet_depth_paper deepnet_early_paper multi30k_table lm_depth lr_sensitivity \
            admin_grad_vanishing admin_dependency admin_hybrid admin_grid admin_rezero \
            deepnet_bound deepnet_depth_law deepnet_lm_depth deepnet_bleu_depth deepnet_robustness \
-           deepnet_1000_layers lm_1000_layers
+           deepnet_1000_layers lm_1000_layers curse_of_depth lr_sensitivity_2025 lr_sensitivity_muon
 SCALE   ?= default
 
 .PHONY: install run reproduce docs-figures test test-fast plots bench

@@ -80,8 +80,8 @@ def _job_groups_and_depths(outputs):
 
 @pytest.mark.parametrize("sweep, jobs", [
     (["group=glob(post*)"], [("postln", 2), ("postln_init", 2), ("postln_warmup", 2)]),
-    (["group=glob(*,exclude=[post*,a*,d*,f*,h*,n*,r*,s*,t*])"], [("preln", 2)]),
-    (["group=glob(*,exclude=[post*,admin_*,d*,f*,h*,n*,r*,s*,t*])", "depth=range(1,3)"],
+    (["group=glob(*,exclude=[post*,a*,d*,f*,h*,l*,m*,n*,p*_*,r*,s*,t*])"], [("preln", 2)]),
+    (["group=glob(*,exclude=[post*,admin_*,d*,f*,h*,l*,m*,n*,p*_*,r*,s*,t*])", "depth=range(1,3)"],
      [(g, d) for g in ("admin", "preln") for d in (1, 2)]),
     (["group=choice(admin,deepnorm)"], [("admin", 2), ("deepnorm", 2)]),
     (["group='admin','preln'"], [("admin", 2), ("preln", 2)]),

@@ -26,7 +26,8 @@ SHORT = ["train.steps=12", "probe.first_steps=4", "probe.every=4", "train.eval_e
 TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd", "multi30k_table", "deepnet_early_paper",
           "deepnet_depth_paper", "lm_depth", "lr_sensitivity", "admin_hybrid", "admin_grid", "admin_dependency",
           "admin_rezero", "deepnet_bleu_depth", "deepnet_depth_law", "deepnet_bound", "deepnet_1000_layers",
-          "lm_1000_layers", "deepnet_lm_depth", "deepnet_robustness"}
+          "lm_1000_layers", "deepnet_lm_depth", "deepnet_robustness", "curse_of_depth", "lr_sensitivity_2025",
+          "lr_sensitivity_muon"}
 # Presets on Multi30k: the toy corpus stands in for it.
 ON_MULTI30K = {"multi30k_table", "admin_clinic", "deepnet_early_paper", "deepnet_depth_paper", "admin_rezero",
                "deepnet_bleu_depth", "deepnet_robustness"}
@@ -36,7 +37,8 @@ NARROWER = {"depth_table": ["depth=2,3"], "grad_at_init": ["seed=0,1,2"], "admin
             "admin_hybrid": ["depth=3"], "admin_grid": ["optim.betas=[0.9,0.999]"],
             "admin_rezero": ["group=rezero,admin"], "deepnet_bleu_depth": ["group=deepnorm,postln,t_fixup", "depth=2"],
             "deepnet_depth_law": ["depth=2,4"], "deepnet_lm_depth": ["group=postln,admin,fixup,deepnorm", "depth=2"],
-            "deepnet_robustness": ["group=deepnorm"]}
+            "deepnet_robustness": ["group=deepnorm"], "curse_of_depth": ["group=preln,peri_ln,mix_ln", "depth=4"],
+            "lr_sensitivity_2025": ["group=preln,peri_ln"]}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,7 @@ def test_every_preset_composes_to_a_valid_multirun(preset, scale):
     assert cfg.experiment == preset and cfg.scale == scale
     params = dict(cfg.hydra.sweeper.params)
     assert set(params) <= {"group", "depth", "seed", "model", "optim", "train.lr", "optim.weight_decay",
-                           "model.qk_norm", "train.z_loss", "optim.betas", "robustness"}
+                           "model.qk_norm", "train.z_loss", "optim.betas", "robustness", "train.qk_clip_tau"}
     if scale == "quick":
         assert cfg.model.d_model == 16 and all(int(d) <= 4 for d in str(params.get("depth", "2")).split(","))
         assert cfg.depth <= 4 or "depth" in params
@@ -127,6 +129,8 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     assert counts["deepnet_bleu_depth"] == 3 and counts["deepnet_depth_law"] == 2 * 2
     assert counts["deepnet_bound"] == 3 * 2 and counts["deepnet_1000_layers"] == 3 and counts["lm_1000_layers"] == 3
     assert counts["deepnet_lm_depth"] == 4 and counts["deepnet_robustness"] == 3
+    assert counts["curse_of_depth"] == 3 and counts["lr_sensitivity_2025"] == 2 * 2
+    assert counts["lr_sensitivity_muon"] == 2 * 2
     lm = runs[runs.experiment.isin(["lm_depth", "lr_sensitivity"])]
     assert lm.task.eq("lm").all() and lm.decoder_depth.isna().all()
     paper_recipe = runs[runs.experiment.str.endswith("_paper")]
@@ -243,3 +247,24 @@ def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs,
             assert out.startswith("wrote")
         else:
             assert out.startswith(f"skipped {name}: ") and "stabexp run experiment=" in out
+
+
+def test_report_gives_the_layer_importance_and_the_stream_growth(quick_outputs):
+    from stabexp.analysis import layer_importance_table, stream_growth
+    from stabexp.plotting.collect import collect
+
+    sweep = next((quick_outputs.outputs / "multirun").glob("*experiment=curse_of_depth*"))
+    printed = run_cli(quick_outputs.outputs, "report", str(sweep)).stdout
+    tables = collect(sweep)
+    importance = layer_importance_table(tables["layer_importance"])
+    assert sorted(importance.group) == ["mix_ln", "peri_ln", "preln"] and (importance.depth == 4).all()
+    for _, row in importance.iterrows():
+        assert (f"| {row.group} | 4 | 1 | {row.bottom_half:.4f} | {row.top_half:.4f} | {row.largest:.4f} | "
+                f"{row.cheap_share:.2f} |") in printed
+    for _, row in stream_growth(tables["layers"]).iterrows():
+        assert f"| {row.group} | 4 | 1 | {row['first']:.2f} | {row['last']:.2f} | {row.growth:.2f} |" in printed
+    sweep = next((quick_outputs.outputs / "multirun").glob("experiment=lr_sensitivity_muon*"))
+    printed = run_cli(quick_outputs.outputs, "report", str(sweep)).stdout
+    assert "Largest attention logit over the layers at the last probe step" in printed
+    # Two settings (tau 0 and 100), each in the loss table and in the logit table.
+    assert sum(line.startswith("| ") and "train.qk_clip_tau=" in line for line in printed.splitlines()) == 2 * 2

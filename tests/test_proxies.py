@@ -59,8 +59,8 @@ def _hand_qk(attn, x, qk_norm=None):
 def test_the_explicit_attention_shows_its_logits_with_and_without_qk_norm(qk_norm):
     torch.manual_seed(0)
     d, heads = 8, 2
-    norms = (make_norm("layernorm", d // heads), make_norm("layernorm", d // heads)) if qk_norm else None
-    attn = SelfAttention(d, heads, causal=True, dropout=0.0, qk_norm=norms)
+    norms = (make_norm("layernorm", d // heads), make_norm("layernorm", d // heads), None) if qk_norm else None
+    attn = SelfAttention(d, heads, causal=True, dropout=0.0, head_norms=norms)
     x = torch.randn(3, 5, d) * 4
     seen = []
     attn.scores.register_forward_hook(lambda module, args, logits: seen.append(logits.amax()))

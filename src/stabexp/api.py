@@ -9,6 +9,7 @@ These are the readers `stabexp report` and `make plots` use, so a notebook sees 
     sweep.layers                     # one row per run, step and sublayer (layers.csv)
     sweep.dependency                 # probe.dependency: per run, step, sublayer, component
     sweep.update_bound               # probe.update_bound: DeepNet Theorem 4.1's terms per run, step, sublayer
+    sweep.layer_importance           # probe.layer_importance: the loss of skipping each layer, per run, step
     run = api.load_run(sweep.runs.run[0], root=sweep.folder)
     run.summary["constants"], run.config["train"]["lr"], run.metrics.model_update
     print(api.report(sweep.folder))  # the markdown `stabexp report` prints
@@ -32,13 +33,16 @@ from stabexp.analysis import (  # noqa: F401  (re-exported: the fits the report 
     clinic_ratio,
     depth_law,
     encoder_input_change,
+    final_max_logit,
     last_w2_grad,
+    layer_importance_table,
     lr_sensitivity,
     lr_sensitivity_table,
     output_change_fits,
     output_change_table,
     preln_stream_growth,
     smd_equilibrium,
+    stream_growth,
     update_bound_steps,
     update_bound_table,
     w2_grad_slopes,
@@ -50,9 +54,9 @@ from stabexp.plotting.figures import preset_tables, read_collected
 PathLike = Union[str, Path]
 
 __all__ = ["Run", "Sweep", "load_run", "load_sweep", "load_outputs", "load_collected", "preset",
-           "report", "clinic_fits", "clinic_ratio", "depth_law", "encoder_input_change", "last_w2_grad",
-           "lr_sensitivity", "lr_sensitivity_table", "output_change_fits", "output_change_table",
-           "preln_stream_growth", "smd_equilibrium", "update_bound_steps", "update_bound_table", "w2_grad_slopes"]
+           "report", "clinic_fits", "clinic_ratio", "depth_law", "encoder_input_change", "final_max_logit",
+           "last_w2_grad", "layer_importance_table", "lr_sensitivity", "lr_sensitivity_table", "output_change_fits", "output_change_table",
+           "preln_stream_growth", "smd_equilibrium", "stream_growth", "update_bound_steps", "update_bound_table", "w2_grad_slopes"]
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Run:
     layers: pd.DataFrame            # layers.csv as written: one row per step and sublayer (or weight)
     dependency: pd.DataFrame        # dependency.csv (probe.dependency); empty without it
     update_bound: pd.DataFrame      # update_bound.csv (probe.update_bound); empty without it
+    layer_importance: pd.DataFrame  # layer_importance.csv (probe.layer_importance); empty without it
 
     @property
     def status(self) -> str:
@@ -79,7 +84,7 @@ class Run:
 
 class Sweep(Tables):
     """The tables of every run under a folder (a sweep, or a whole outputs tree): `runs`,
-    `metrics`, `layers`, `dependency`, `update_bound`, and the `folder` they were read from."""
+    `metrics`, `layers`, `dependency`, `update_bound`, `layer_importance`, and the `folder` they were read from."""
 
     def __init__(self, tables: Tables, folder: Path):
         super().__init__(tables)
@@ -112,7 +117,8 @@ def load_run(path: PathLike, root: Optional[PathLike] = None) -> Run:
         config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
     return Run(folder=folder, summary=summary, config=config, metrics=_csv(folder / "metrics.csv"),
                layers=_csv(folder / "layers.csv"), dependency=_csv(folder / "dependency.csv"),
-               update_bound=_csv(folder / "update_bound.csv"))
+               update_bound=_csv(folder / "update_bound.csv"),
+               layer_importance=_csv(folder / "layer_importance.csv"))
 
 
 def _csv(path: Path) -> pd.DataFrame:

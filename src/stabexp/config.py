@@ -49,6 +49,11 @@ def outputs_dir() -> Path:
     return ((root if root is not None else Path.cwd()) / "outputs").resolve()
 
 
+def model_norm(cfg) -> str:
+    """The norm kind the model is built with: the group's own (group.norm) or model.norm."""
+    return cfg.group.norm or cfg.model.norm
+
+
 def run_name(overrides) -> str:
     """A folder name made from a job's overrides, so that re-running the same command (or the
     same sweep) finds the same folder. Hydra gives the overrides as `key=value` strings."""
@@ -102,6 +107,10 @@ class GroupConfig:
     decoder_residual: Optional[str] = None
     init: str = MISSING        # a key of model/init.py INIT_RULES
     schedule: str = MISSING    # one of SCHEDULES; see train/schedule.py
+    norm: Optional[str] = None  # the group's own norm kind in place of model.norm (group dyt:
+                               # DyT in a Pre-LN model); null: model.norm
+    mix_ratio: float = 0.25    # residual mix_ln only: the share a of the layers, the bottom floor(a L),
+                               # that are Post-LN (Li et al. 2024; 0.25 in the authors' scripts)
 
 
 @dataclass(kw_only=True)
@@ -163,11 +172,11 @@ class TaskConfig:
 class OptimConfig:
     """The optimiser (conf/optim/*.yaml)."""
 
-    name: str = MISSING         # adam (coupled L2 decay), adamw, adamw_independent, radam, sgd
-                                # or sgdm: train/optim.py
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])  # adam, adamw, radam
-    eps: float = 1e-8           # adam, adamw, radam
-    momentum: float = 0.0       # sgdm
+    name: str = MISSING         # adam (coupled L2 decay), adamw, adamw_independent, radam, sgd,
+                                # sgdm or muon (Muon + AdamW): train/optim.py
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])  # adam, adamw, radam, muon's AdamW
+    eps: float = 1e-8           # adam, adamw, radam, muon's AdamW
+    momentum: float = 0.0       # sgdm, muon
     weight_decay: float = 0.0   # lambda, PyTorch's convention for each optimiser
     decay_on: str = "matrices"  # matrices (and embeddings) only, or all parameters
 
@@ -208,6 +217,10 @@ class TrainConfig:
     # backward pass (torch.utils.checkpoint): activation memory of one layer instead of all,
     # for one more forward per step. The same numbers either way (docs/scale.md).
     activation_checkpointing: bool = False
+    # QK-Clip's tau (Kimi K2, train/qk_clip.py): after each step, the W_q, W_k of every head
+    # whose largest logit of the step exceeded tau are scaled so it would be tau (Kimi K2: 100);
+    # 0 = off.
+    qk_clip_tau: float = 0.0
 
 
 @dataclass
@@ -228,6 +241,9 @@ class ProbeConfig:
     # Admin's residual dependency (probes/dependency.py): each sublayer's output decomposed
     # into the embedding and every earlier branch, into dependency.csv at init and at the end.
     dependency: bool = False
+    # The eval-loss increase of skipping each layer (probes/layer_importance.py), into
+    # layer_importance.csv at init and at the end: one eval pass per layer each time.
+    layer_importance: bool = False
     # DeepNet's Theorem 4.1 bound on the model update (probes/update_bound.py), per sublayer at
     # each probe step, into update_bound.csv: single-stack Post-LN / DeepNorm models only.
     update_bound: bool = False
@@ -336,13 +352,22 @@ def validate(cfg: DictConfig) -> None:
                   f"a placement per stack needs the encoder-decoder (model.arch=transformer), "
                   f"not model.arch={m.arch}")
     placements = {g[f"{s}_residual"] or g.residual for s in ("encoder", "decoder")}
+    for placement in sorted(placements):
+        _need(m.arch != "transformer" or PLACEMENTS[placement].encoder_decoder, "group.residual", placement,
+              f"its paper defines it for decoder-only LMs: model.arch=decoder_only (or encoder_only), "
+              f"not the encoder-decoder (group={g.name})")
+    _need(0.0 <= g.mix_ratio <= 1.0, "group.mix_ratio", g.mix_ratio, "must be in [0, 1]")
+    for key in ("dyt_alpha", "dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):
+        _need(m[key] is None or m[key] > 0, f"model.{key}", m[key], "must be > 0 (or null for the per-site keys)")
     _need(g.init in INIT_RULES, "group.init", g.init, f"one of {', '.join(INIT_RULES)}")
     _need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
     _need(g.init not in ("admin_profiled", "admin_closed_form") or placements == {"admin"}, "group.init",
           g.init, f"{g.init} sets Admin's omegas, so it needs group.residual=admin in every stack")
     _need(m.norm in NORMS, "model.norm", m.norm, f"one of {', '.join(NORMS)}")
+    _need(g.norm is None or g.norm in NORMS, "group.norm", g.norm, f"one of {', '.join(NORMS)} (or null)")
+    norm = model_norm(cfg)
     for placement in sorted(placements):
-        _need(m.norm == "layernorm" or PLACEMENTS[placement].residual.has_norm, "model.norm", m.norm,
+        _need(norm == "layernorm" or PLACEMENTS[placement].has_norm, "model.norm", norm,
               f"group.residual={placement} has no normalisation to replace (layernorm only)")
     for key in ("d_model", "ffn_dim", "n_heads"):
         _need(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
@@ -377,6 +402,10 @@ def validate(cfg: DictConfig) -> None:
     _need(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
           list(o.betas), "two numbers in [0, 1)")
     _need(o.eps > 0, "optim.eps", o.eps, "must be > 0")
+    _need(o.name != "muon" or m.arch != "normmlp", "optim.name", o.name,
+          "orthogonalises the residual branches' matrices, and model=normmlp has none")
+    _need(o.name != "muon" or not cfg.probe.weights, "probe.weights", cfg.probe.weights,
+          "its effective lr is derived for sgd, sgdm, adam and adamw, not optim.name=muon")
     _need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
     tr = cfg.train
     _need(tr.steps >= 0, "train.steps", tr.steps, "must be an integer >= 0 (0 = probes at init only)")
@@ -399,6 +428,13 @@ def validate(cfg: DictConfig) -> None:
     _need(0.0 <= tr.label_smoothing < 1.0, "train.label_smoothing", tr.label_smoothing, "must be in [0, 1)")
     _need(tr.clip_norm >= 0, "train.clip_norm", tr.clip_norm, "must be >= 0 (0 = off)")
     _need(tr.z_loss >= 0, "train.z_loss", tr.z_loss, "must be >= 0 (0 = off)")
+    _need(tr.qk_clip_tau >= 0, "train.qk_clip_tau", tr.qk_clip_tau, "must be >= 0 (0 = off)")
+    if tr.qk_clip_tau > 0:
+        _need(m.arch != "normmlp", "train.qk_clip_tau", tr.qk_clip_tau, "clips attention, and model=normmlp has none")
+        _need(not m.qk_norm and not any(PLACEMENTS[x].qkv_norm for x in placements), "train.qk_clip_tau",
+              tr.qk_clip_tau, "scales W_q and W_k, which normalised q and k (model.qk_norm, hybridnorm) do not feel")
+        _need(not tr.activation_checkpointing and not tr.compile, "train.qk_clip_tau", tr.qk_clip_tau,
+              "reads each step's logits by hook, which train.activation_checkpointing and train.compile do not run")
     _need(tr.eval_every >= 1, "train.eval_every", tr.eval_every, "must be an integer >= 1")
     _need(tr.explode_factor > 1, "train.explode_factor", tr.explode_factor, "must be > 1")
     _need(tr.device in ("auto", "cpu", "cuda"), "train.device", tr.device, "one of auto, cpu, cuda")
@@ -417,10 +453,16 @@ def validate(cfg: DictConfig) -> None:
           "decomposes residual sublayers, and model=normmlp has none")
     _need(not p.dependency or "dlcl" not in placements, "probe.dependency", p.dependency,
           "group.residual=dlcl mixes whole layer outputs, which the decomposition does not follow")
+    _need(not p.dependency or not placements & {"hybridnorm", "hybridnorm_star"}, "probe.dependency", p.dependency,
+          "HybridNorm adds its FFN branch to the normalised stream, LN(x) + G, which the decomposition does not follow")
+    _need(not p.dependency or norm != "dyt", "probe.dependency", p.dependency,
+          "model.norm=dyt: a tanh does not carry a sum of parts through it as a norm does")
     _need(not p.update_bound or (m.arch in ("decoder_only", "encoder_only") and placements <= {"postln", "deepnorm"}),
           "probe.update_bound", p.update_bound,
           f"Theorem 4.1 bounds a single stack of x <- LN(alpha x + G(x)): model.arch decoder_only or "
           f"encoder_only with group.residual postln or deepnorm (here {m.arch}, {', '.join(sorted(placements))})")
+    _need(m.arch != "normmlp" or not p.layer_importance, "probe.layer_importance", p.layer_importance,
+          "skips Transformer layers, and model=normmlp has none")
     _need(p.enabled or not p.update_bound, "probe.update_bound", p.update_bound, "needs probe.enabled=true")
     _need(p.perturbation_draws >= 1, "probe.perturbation_draws", p.perturbation_draws, "must be an integer >= 1")
     _need(p.grad_batches >= 0, "probe.grad_batches", p.grad_batches, "must be >= 0 (0: no gradient at init)")

@@ -7,6 +7,7 @@ config does not import torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Optional
 
 
 @dataclass(kw_only=True)
@@ -19,6 +20,15 @@ class ModelOptions:
                                # 0 keeps runs deterministic
     qk_norm: bool = False      # QK-LayerNorm: a norm over each head's q and k before q.k
                                # (Dehghani et al. 2023)
+    # norm=dyt (Zhu et al. 2025): alpha_0 of every DyT, 0.5 the paper's default ...
+    dyt_alpha: float = 0.5
+    # ... unless set per site, as its LLM recipe does (attention / FFN / final 0.8 / 0.2 / 0.2
+    # at 7B): the norms of the attention sublayers, of the FFN sublayers, on top of the stack
+    dyt_alpha_attn: Optional[float] = None
+    dyt_alpha_ffn: Optional[float] = None
+    dyt_alpha_final: Optional[float] = None
+    learnable_embed_scale: bool = False  # the embeddings' sqrt(d) factor a learnable scalar, init
+                                         # sqrt(d) (DyT's LLM recipe, jiachenzhu/DyT `shared_scale`)
 
 
 def model_options(model_cfg) -> dict:

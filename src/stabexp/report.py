@@ -30,6 +30,9 @@ from stabexp.analysis import (
     output_gradients,
     preln_stream_growth,
     smd_equilibrium,
+    final_max_logit,
+    layer_importance_table,
+    stream_growth,
     update_bound_steps,
     update_bound_table,
     vanishing_table,
@@ -222,7 +225,8 @@ def sweep_table(sweep_dir: Path) -> str:
                          f" ({first[f'{rule}_eval_acc']:.3f}).")
     text = f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")
     extra = [] if at_init else depth_law_section(runs) + cost_section(runs)
-    return text + "\n".join(["", *fits_section(tables), *extra, *update_bound_section(tables)])
+    return text + "\n".join(["", *fits_section(tables), *extra, *update_bound_section(tables),
+                             *layer_importance_section(tables)])
 
 
 def depth_law_section(runs: pd.DataFrame) -> List[str]:
@@ -266,6 +270,24 @@ def update_bound_section(tables) -> List[str]:
             *_markdown(table, {c: "{:.3g}" for c in table.columns if c not in ("group", "depth", "runs")})]
 
 
+def layer_importance_section(tables) -> List[str]:
+    """The loss of skipping each layer (probe.layer_importance) and the residual stream's growth
+    along the stack (stream_norm), per group and depth."""
+    importance = tables.get("layer_importance", pd.DataFrame())
+    if importance.empty:
+        return []
+    table = _in_group_order(layer_importance_table(importance), ["rank", "depth"])
+    growth = _in_group_order(stream_growth(tables["layers"]), ["rank", "depth"])
+    return ["", "Layer importance (\"The Curse of Depth\", Mix-LN): the eval-loss increase of skipping one layer "
+            "(its output replaced by its input) at the last step, mean over the layers of the bottom and of "
+            "the top half of the stack, the largest, and the share of layers whose skip costs under 0.01 nats "
+            "(mean over seeds).", "",
+            *_markdown(table, {c: "{:.4f}" for c in ("bottom_half", "top_half", "largest")} | {"cheap_share": "{:.2f}"}),
+            "", "Residual stream norm per token (stream_norm) entering the first and the last sublayer at the "
+            "last probe step, and last / first (Peri-LN's claim: bounded, where Pre-LN's grows).", "",
+            *_markdown(growth, {"first": "{:.2f}", "last": "{:.2f}", "growth": "{:.2f}"})]
+
+
 def is_lr_sweep(runs: pd.DataFrame) -> bool:
     """A sweep over the learning rate: some setting (the runs' overrides but train.lr) ran at
     two learning rates or more."""
@@ -296,6 +318,16 @@ def lr_section(tables) -> List[str]:
                   "below_preln: completed cells whose final eval loss is below Pre-LN's at the same setting, "
                   "of those where both completed.", ""]
         lines += _markdown(grid_counts(runs), {})
+    logits = final_max_logit(tables["layers"])
+    if len(logits):
+        lines += ["", "Largest attention logit over the layers at the last probe step, per setting and lr "
+                  "(Wortsman et al. 2023's attention logit growth; with train.qk_clip_tau the clip's ceiling).", ""]
+        cell = table.assign(logit=table.run.map(logits)).pivot_table(index="setting", columns="lr", values="logit",
+                                                                   sort=False)
+        lines += ["| setting | " + " | ".join(f"lr {lr:g}" for lr in cell.columns) + " |",
+                  "|---|" + "---|" * len(cell.columns)]
+        lines += [f"| {setting} | " + " | ".join("-" if pd.isna(v) else f"{v:.1f}" for v in row) + " |"
+                  for setting, row in cell.iterrows()]
     loss_0 = table.loss_0.dropna()
     lines += ["", "Cells: final eval loss. LR sensitivity: E_eta[min(loss(eta), loss_0) - loss*] over the lr "
               "grid (Wortsman et al. 2023), loss_0 the eval loss at init"

@@ -57,6 +57,11 @@ class Task:
         """The eval columns of metrics.csv (`eval_columns`) for the model after `step` updates."""
         raise NotImplementedError
 
+    def eval_loss(self, model) -> float:
+        """The eval loss alone, as `evaluate` measures it (no decoding: what the layer-importance
+        probe asks for once per layer)."""
+        return self.evaluate(model)["eval_loss"]
+
     def summarise_eval(self, row: Dict[str, float], summary: Dict) -> None:
         """Fold an eval row into the run's summary, beyond the eval loss and accuracy every task
         has (the trainer keeps those)."""

@@ -211,6 +211,10 @@ class TranslationTask(Task):
                 row["valid_bleu"] = corpus_bleu(hyps, [self.valid.text.tgt[i] for i in self.bleu_indices])
         return row
 
+    def eval_loss(self, model) -> float:
+        with eval_mode(model):
+            return self._scores(model, self.valid_batches)["loss"]
+
     def summarise_eval(self, row: Dict[str, float], summary: Dict) -> None:
         summary["final_eval_ppl"] = row["eval_ppl"]
         if "valid_bleu" in row:

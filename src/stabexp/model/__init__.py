@@ -8,7 +8,8 @@ from typing import Callable, Dict, Optional
 from stabexp.model.init import INIT_RULES, deepnorm_constants, initial_scalars
 from stabexp.model.lm import SINGLE_STACK, LanguageModel
 from stabexp.model.normmlp import NormMLP, NormMLPConfig
-from stabexp.model.transformer import PLACEMENTS, Seq2SeqTransformer, TransformerConfig
+from stabexp.model.transformer import PLACEMENTS, PostLN, Seq2SeqTransformer, TransformerConfig
+from stabexp.config import model_norm
 from stabexp.model_options import model_options
 
 
@@ -28,10 +29,12 @@ def build_model(cfg, vocab_size: int, pad_id: Optional[int] = None, max_position
     for stack, k in deepnorm_constants(n_enc, n_dec).items():
         if placement[stack] == "deepnorm":  # the paper's alphas, which torchscale shares
             alphas[stack] = k["alpha"]
+    options = {**model_options(cfg.model), "norm": model_norm(cfg)}
     c = TransformerConfig(
-        **model_options(cfg.model), vocab_size=vocab_size, encoder_layers=n_enc, decoder_layers=n_dec,
+        **options, vocab_size=vocab_size, encoder_layers=n_enc, decoder_layers=n_dec,
         residual=g.residual, encoder_residual=g.encoder_residual, decoder_residual=g.decoder_residual,
-        encoder_alpha=alphas["encoder"], decoder_alpha=alphas["decoder"], max_len=max_positions, pad_id=pad_id,
+        encoder_alpha=alphas["encoder"], decoder_alpha=alphas["decoder"], mix_ratio=g.mix_ratio,
+        max_len=max_positions, pad_id=pad_id,
     )
     return LanguageModel(c, arch) if arch in SINGLE_STACK else Seq2SeqTransformer(c)
 
@@ -43,7 +46,7 @@ def initialise(model, rule: str, batch: Callable) -> Dict:
         return {"residual": None, "init": "kaiming_normal (model/normmlp.py)"}
     c = model.config
     stacks = [s for s in ("encoder", "decoder") if len(getattr(model, s))]
-    has_norm = any(PLACEMENTS[c.placement(s)].residual.has_norm for s in stacks)
+    has_norm = any(PLACEMENTS[c.placement(s)].has_norm for s in stacks)
     alpha = {"encoder": c.encoder_alpha, "decoder": c.decoder_alpha}
     placements = {s: c.placement(s) for s in stacks}
     # One name when every stack has the same placement; per stack for a hybrid.
@@ -52,6 +55,14 @@ def initialise(model, rule: str, batch: Callable) -> Dict:
                        "norm": model.config.norm if has_norm else None,
                        "qk_norm": model.config.qk_norm,
                        "alpha": {s: alpha[s] for s in stacks}}
+    if "mix_ln" in placements.values():
+        # Which layers are Post-LN: the bottom floor(a L) of each stack.
+        constants["mix_ratio"] = c.mix_ratio
+        constants["post_ln_layers"] = {s: sum(isinstance(layer.ffn, PostLN) for layer in getattr(model, s))
+                                       for s in stacks}
+    if c.norm == "dyt" and has_norm:
+        constants["dyt_alpha"] = {"default": c.dyt_alpha, "attn": c.dyt_alpha_attn, "ffn": c.dyt_alpha_ffn,
+                                  "final": c.dyt_alpha_final}
     constants.update(INIT_RULES[rule](model, batch))
     constants.update(initial_scalars(model))
     return constants

@@ -40,13 +40,14 @@ class LanguageModel(TokenModel):
         p = PLACEMENTS[c.residual]
         causal = self.stack == "decoder"
         n = c.decoder_layers if causal else c.encoder_layers
-        layers = nn.ModuleList(EncoderLayer(c, causal=causal, stack=self.stack) for _ in range(n))
+        layers = nn.ModuleList(EncoderLayer(c, causal=causal, stack=self.stack, layer=i) for i in range(1, n + 1))
         self.encoder = nn.ModuleList() if causal else layers
         self.decoder = layers if causal else nn.ModuleList()
         final = p.final(c, self.stack) if p.final else nn.Identity()
         history = DenseHistory(n, c) if p.dense_history else None
         setattr(self, f"{self.stack}_final_ln", final)
         setattr(self, f"{self.stack}_history", history)
+        self._set_dyt_alphas()
 
     @property
     def layers(self) -> nn.ModuleList:

@@ -56,6 +56,7 @@ class TransformerConfig(ModelOptions):
     decoder_alpha: float = 1.0  # ... and for the decoder stack
     max_len: int = 512         # positions covered by the sinusoidal table
     pad_id: Optional[int] = None  # padding token of variable-length batches; None: no masks
+    mix_ratio: float = 0.25    # Mix-LN: the share a of the layers (the bottom floor(a L)) that are Post-LN
     input_scale: bool = False  # a per-dimension scale on each stack's input: what a Post-LN model
                                # folded from Admin keeps of the first omega (model/fold.py)
 
@@ -71,8 +72,25 @@ def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Te
     return values.mean() if tokens is None else (values * tokens).sum() / tokens.sum()
 
 
-NORMS = ("layernorm", "rmsnorm")
-NORM_TYPES = (nn.LayerNorm, nn.RMSNorm)
+class DyT(nn.Module):
+    """Dynamic Tanh (Zhu et al. 2025, "Transformers without Normalization", arXiv 2503.10622,
+    Alg. 1; jiachenzhu/DyT dynamic_tanh.py): gamma * tanh(alpha x) + beta over the last
+    dimension, alpha one learnable scalar (shape (1,)), gamma 1 and beta 0 at init. It takes the
+    place of a norm and computes no statistic of x. alpha's initial value is set per site by
+    `TokenModel._set_dyt_alphas`."""
+
+    def __init__(self, dim: int, alpha: float = 0.5):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), alpha))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.alpha * x) * self.weight + self.bias
+
+
+NORMS = ("layernorm", "rmsnorm", "dyt")
+NORM_TYPES = (nn.LayerNorm, nn.RMSNorm, DyT)
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
@@ -80,6 +98,8 @@ def make_norm(kind: str, dim: int) -> nn.Module:
         # RMSNorm (Zhang & Sennrich 2019): x / RMS(x) * g, no mean, no bias. eps 1e-6 inside the
         # sqrt (torchscale / LLaMA), not the paper code's 1e-8 added outside it.
         return nn.RMSNorm(dim, eps=1e-6)
+    if kind == "dyt":
+        return DyT(dim)
     return nn.LayerNorm(dim)
 
 
@@ -122,14 +142,15 @@ class HeadScale(nn.Module):
 
 # --- branches G: attention and FFN, each with optional slots that placements fill ---------
 
-def _qk_norms(c: "TransformerConfig") -> Tuple[Optional[nn.Module], Optional[nn.Module]]:
-    """QK-LayerNorm (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al. 2023): a norm over
-    each head's d_h features of q and of k, after the projections and before q.k / sqrt(d_h),
-    as timm's `q_norm = norm_layer(head_dim)`. The model's norm kind (layernorm or rmsnorm)."""
-    if not c.qk_norm:
-        return None, None
+def _head_norms(c: "TransformerConfig", v: bool = False) -> Tuple[Optional[nn.Module], ...]:
+    """Norms over each head's d_h features, after the projections (as timm's
+    `q_norm = norm_layer(head_dim)`), in the model's norm kind: of q and k before q.k / sqrt(d_h)
+    with QK-LayerNorm (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al. 2023), and of
+    q, k and v with `v` (HybridNorm's QKV-norm). (None, None, None) when neither applies."""
     d_head = c.d_model // c.n_heads
-    return make_norm(c.norm, d_head), make_norm(c.norm, d_head)
+    q_k = c.qk_norm or v
+    return (make_norm(c.norm, d_head) if q_k else None, make_norm(c.norm, d_head) if q_k else None,
+            make_norm(c.norm, d_head) if v else None)
 
 
 def attention_logits(q: torch.Tensor, k: torch.Tensor, causal: bool,
@@ -157,7 +178,8 @@ def explicit_attention():
     """Inside the block every attention computes softmax(q.k / sqrt(d_h) + mask) v by hand
     instead of calling the fused kernel, so that its logits pass through `scores`, where a
     forward hook can read them. The result equals the fused kernel's up to rounding (about
-    1e-7); there is no dropout on this path (it is meant for eval mode)."""
+    1e-7). The probes use it in eval mode; QK-Clip (train/qk_clip.py) in training, with the
+    attention dropout drawn by hand."""
     previous, _KERNEL.explicit = _KERNEL.explicit, True
     try:
         yield
@@ -169,17 +191,20 @@ class _Attention(nn.Module):
     """What both attentions share: the optional per-head q / k norms, and the two ways of
     computing attention (the fused kernel, or by hand inside `explicit_attention()`)."""
 
-    def _setup(self, n_heads: int, dropout: float, qk_norm):
+    def _setup(self, n_heads: int, dropout: float, head_norms):
         self.n_heads, self.dropout = n_heads, dropout
         # None rather than identities: a module call per attention costs a deep tiny model time.
-        self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
+        self.q_norm, self.k_norm, self.v_norm = head_norms if head_norms is not None else (None, None, None)
         self.scores = nn.Identity()  # the logits pass through it on the explicit path only
 
     def _attend(self, q, k, v, mask, causal: bool) -> torch.Tensor:
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         if _KERNEL.explicit:
-            return self.scores(attention_logits(q, k, causal, mask)).softmax(-1) @ v
+            weights = self.scores(attention_logits(q, k, causal, mask)).softmax(-1)
+            return F.dropout(weights, self.dropout, self.training) @ v
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               dropout_p=self.dropout if self.training else 0.0)
 
@@ -188,12 +213,12 @@ class SelfAttention(_Attention):
     """Multi-head self-attention with one fused QKV matrix. Init rules address W_Q, W_K, W_V
     as row blocks of `qkv.weight` (see `matrices`), so per-matrix rules stay exact.
     Slots: `inner` acts on the concatenated heads before W_O, `post` on W_O's output;
-    `qk_norm` a (q, k) pair of per-head norms (_qk_norms)."""
+    `head_norms` the per-head (q, k, v) norms of _head_norms."""
 
     def __init__(self, d: int, n_heads: int, causal: bool, dropout: float, bias: bool = True,
-                 inner: Optional[nn.Module] = None, post: Optional[nn.Module] = None, qk_norm=None):
+                 inner: Optional[nn.Module] = None, post: Optional[nn.Module] = None, head_norms=None):
         super().__init__()
-        self._setup(n_heads, dropout, qk_norm)
+        self._setup(n_heads, dropout, head_norms)
         self.causal = causal
         self.qkv = nn.Linear(d, 3 * d, bias=bias)
         self.out = nn.Linear(d, d, bias=bias)
@@ -223,9 +248,9 @@ class SelfAttention(_Attention):
 class CrossAttention(_Attention):
     """Decoder-to-encoder attention: W_Q on the decoder state, fused W_K|W_V on the memory."""
 
-    def __init__(self, d: int, n_heads: int, dropout: float, bias: bool = True, qk_norm=None):
+    def __init__(self, d: int, n_heads: int, dropout: float, bias: bool = True, head_norms=None):
         super().__init__()
-        self._setup(n_heads, dropout, qk_norm)
+        self._setup(n_heads, dropout, head_norms)
         self.q = nn.Linear(d, d, bias=bias)
         self.kv = nn.Linear(d, 2 * d, bias=bias)
         self.out = nn.Linear(d, d, bias=bias)
@@ -281,7 +306,8 @@ class Residual(nn.Module):
 
     has_norm = True  # False: the placement has no normalisation at all
 
-    def __init__(self, branch: nn.Module, c: TransformerConfig, stack: str, shared: Dict[str, nn.Parameter]):
+    def __init__(self, branch: nn.Module, c: TransformerConfig, stack: str, shared: Dict[str, nn.Parameter],
+                 layer: int = 1):
         super().__init__()
         self.branch = branch
         self.drop = nn.Dropout(c.dropout) if c.dropout > 0 else None
@@ -294,8 +320,8 @@ class Residual(nn.Module):
 
 
 class PostLN(Residual):
-    def __init__(self, branch, c, stack, shared):
-        super().__init__(branch, c, stack, shared)
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
         self.ln = make_norm(c.norm, c.d_model)
 
     def forward(self, x, *context):
@@ -303,8 +329,8 @@ class PostLN(Residual):
 
 
 class PreLN(Residual):
-    def __init__(self, branch, c, stack, shared):
-        super().__init__(branch, c, stack, shared)
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
         self.ln = make_norm(c.norm, c.d_model)
 
     def forward(self, x, *context):
@@ -312,8 +338,8 @@ class PreLN(Residual):
 
 
 class DeepNorm(Residual):
-    def __init__(self, branch, c, stack, shared):
-        super().__init__(branch, c, stack, shared)
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
         self.ln = make_norm(c.norm, c.d_model)
         self.alpha = c.encoder_alpha if stack == "encoder" else c.decoder_alpha
 
@@ -322,8 +348,8 @@ class DeepNorm(Residual):
 
 
 class Admin(Residual):
-    def __init__(self, branch, c, stack, shared):
-        super().__init__(branch, c, stack, shared)
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
         self.ln = make_norm(c.norm, c.d_model)
         # A learnable per-dimension residual scale, set before training by init.py (profiled or
         # closed form).
@@ -347,8 +373,8 @@ def _layer_rezero_alpha(shared: Dict[str, nn.Parameter]) -> nn.Parameter:
 class ReZero(Residual):
     has_norm = False
 
-    def __init__(self, branch, c, stack, shared):
-        super().__init__(branch, c, stack, shared)
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
         self.alpha = _layer_rezero_alpha(shared)
 
     def forward(self, x, *context):
@@ -356,8 +382,8 @@ class ReZero(Residual):
 
 
 class ReZeroPostLN(Residual):
-    def __init__(self, branch, c, stack, shared):
-        super().__init__(branch, c, stack, shared)
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
         self.ln = make_norm(c.norm, c.d_model)
         self.alpha = _layer_rezero_alpha(shared)
 
@@ -368,8 +394,8 @@ class ReZeroPostLN(Residual):
 class Fixup(Residual):
     has_norm = False
 
-    def __init__(self, branch, c, stack, shared):
-        super().__init__(branch, c, stack, shared)
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
         self.shift, self.scale = Shift(), Scale()
 
     def forward(self, x, *context):
@@ -385,8 +411,8 @@ class Plain(Residual):
 
 
 class Sandwich(Residual):
-    def __init__(self, branch, c, stack, shared):
-        super().__init__(branch, c, stack, shared)
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
         self.ln = make_norm(c.norm, c.d_model)
         self.ln_out = make_norm(c.norm, c.d_model)
 
@@ -394,6 +420,44 @@ class Sandwich(Residual):
         # Sandwich-LN (CogView, Ding et al. 2021): Pre-LN plus an LN on the branch output;
         # NormFormer's "Post-Attn LN" has the same shape.
         return x + self._drop(self.ln_out(self.branch(self.ln(x), *context)))
+
+
+class NormedStream(Residual):
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
+        self.ln = make_norm(c.norm, c.d_model)
+
+    def forward(self, x, *context):
+        # HybridNorm's FFN (Zhuo et al. 2025, arXiv 2503.04598; BryceZhuo/HybridNorm
+        # OLMoSequentialBlock with ffn_residual_after_norm): the stream is normalised first and
+        # the branch added to the normalised stream, LN(x) + G(LN(x)).
+        y = self.ln(x)
+        return y + self._g(y, *context)
+
+
+class ReorderedNorm(Residual):
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
+        self.ln_out = make_norm(c.norm, c.d_model)
+
+    def forward(self, x, *context):
+        # OLMo 2 (OLMo et al. 2025, arXiv 2501.00656; OLMo-core
+        # ReorderedNormTransformerBlock): the norm on the branch output only, the stream never
+        # normalised inside the stack. No `ln`: no norm sits on the residual stream.
+        return x + self._drop(self.ln_out(self.branch(x, *context)))
+
+
+class LayerNormScaled(PreLN):
+    def __init__(self, branch, c, stack, shared, layer=1):
+        super().__init__(branch, c, stack, shared, layer)
+        self.depth_scale = 1.0 / math.sqrt(layer)
+
+    def forward(self, x, *context):
+        # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", arXiv 2502.05795; OLMo-core
+        # LayerNormScaledTransformerBlock):
+        # Pre-LN with the norm's output times 1/sqrt(l), l the layer's 1-based index, on both
+        # sublayers of the layer.
+        return x + self._g(self.ln(x) * self.depth_scale, *context)
 
 
 @dataclass(frozen=True)
@@ -410,6 +474,18 @@ class Placement:
     bias: bool = True                        # biases in every Linear of the branches
     final: Optional[Callable] = None         # on top of each stack: (c, stack) -> module
     dense_history: bool = False              # DLCL's combination of every earlier layer
+    qkv_norm: bool = False                   # self-attention: per-head norms of q, k and v (HybridNorm)
+    embed_norm: bool = False                 # a norm on each stack's input embedding (Peri-LN)
+    by_layer: Optional[Callable] = None      # (c, layer, n_layers) -> the Placement that builds
+                                             # that layer, for placements that mix two
+                                             # (Mix-LN, HybridNorm*); the stack ends stay this one's
+    encoder_decoder: bool = True             # False: the paper defines it for one stack only
+                                             # (decoder-only LMs), so an encoder-decoder is refused
+
+    @property
+    def has_norm(self) -> bool:
+        """False when no layer of the placement has a norm (ReZero, Fixup, T-Fixup)."""
+        return self.residual.has_norm
 
 
 def _final_norm(c, stack):
@@ -432,6 +508,16 @@ def _heads_norm(c):
 
 def _head_scale(c):
     return HeadScale(c.n_heads)
+
+
+def _mix_ln(c, layer, n_layers):
+    return Placement(PostLN) if layer <= math.floor(c.mix_ratio * n_layers) else Placement(PreLN)
+
+
+def _hybridnorm_star(c, layer, n_layers):
+    # HybridNorm*: block 0 Pre-Norm in both sublayers, keeping its QKV-norm (BryceZhuo/HybridNorm,
+    # norm_pos_special_config {0: attn_norm True, ffn_residual False}).
+    return Placement(PreLN, qkv_norm=True) if layer == 1 else PLACEMENTS["hybridnorm"]
 
 
 PLACEMENTS: Dict[str, Placement] = {
@@ -463,7 +549,34 @@ PLACEMENTS: Dict[str, Placement] = {
     # DLCL (Wang et al. 2019), Pre-LN form: every layer's input is a learned combination of
     # the normalised outputs of all layers below it (DenseHistory).
     "dlcl": Placement(PreLN, final=_final_norm, dense_history=True),
+    # --- placements of 2024-2025, defined by their papers for decoder-only LMs ---
+    # Peri-LN (Kim et al. 2025, arXiv 2502.02732; OLMo-core PeriNormTransformerBlock):
+    # x + Norm(G(Norm(x))), the Sandwich-LN formula, plus a norm on the embedding output and the
+    # final norm.
+    "peri_ln": Placement(Sandwich, final=_final_norm, embed_norm=True, encoder_decoder=False),
+    "reordered_norm": Placement(ReorderedNorm, final=_final_norm, encoder_decoder=False),
+    "layernorm_scaled": Placement(LayerNormScaled, final=_final_norm, encoder_decoder=False),
+    # Mix-LN (Li et al. 2024, arXiv 2412.13795): Post-LN in the first floor(a L) layers,
+    # Pre-LN above them, a = group.mix_ratio (pixeli99/MixLN, norm_type 'post_pre').
+    "mix_ln": Placement(PreLN, final=_final_norm, by_layer=_mix_ln, encoder_decoder=False),
+    # HybridNorm (Zhuo et al. 2025, arXiv 2503.04598): attention with per-head q, k, v
+    # norms and no pre-norm, x + Attn_QKVnorm(x); the FFN on the normalised stream,
+    # LN(x) + FFN(LN(x)); a final norm. HybridNorm*: the same with block 0 Pre-Norm.
+    "hybridnorm": Placement(NormedStream, self_attn=Plain, qkv_norm=True, final=_final_norm,
+                            encoder_decoder=False),
+    "hybridnorm_star": Placement(NormedStream, self_attn=Plain, qkv_norm=True, final=_final_norm,
+                                 by_layer=_hybridnorm_star, encoder_decoder=False),
 }
+
+
+def layer_placement(c: TransformerConfig, stack: str, layer: int) -> Placement:
+    """The Placement that builds layer `layer` (1-based) of `stack`: the stack's own, or the one
+    its `by_layer` picks for that layer."""
+    p = PLACEMENTS[c.placement(stack)]
+    if p.by_layer is None:
+        return p
+    n = c.encoder_layers if stack == "encoder" else c.decoder_layers
+    return p.by_layer(c, layer, n)
 
 
 def _slot(make: Optional[Callable], c: TransformerConfig) -> Optional[nn.Module]:
@@ -494,30 +607,30 @@ class EncoderLayer(nn.Module):
     """Self-attention then FFN: a layer of the encoder, or with causal=True (stack "decoder")
     a layer of a decoder-only model, which has no cross-attention (model/lm.py)."""
 
-    def __init__(self, c: TransformerConfig, causal: bool = False, stack: str = "encoder"):
+    def __init__(self, c: TransformerConfig, causal: bool = False, stack: str = "encoder", layer: int = 1):
         super().__init__()
-        p, d, shared = PLACEMENTS[c.placement(stack)], c.d_model, {}
+        p, d, shared = layer_placement(c, stack, layer), c.d_model, {}
         attn = SelfAttention(d, c.n_heads, causal, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c),
-                             _qk_norms(c))
-        self.self_attn = (p.self_attn or p.residual)(attn, c, stack, shared)
+                             _head_norms(c, v=p.qkv_norm))
+        self.self_attn = (p.self_attn or p.residual)(attn, c, stack, shared, layer)
         ffn = FeedForward(d, c.ffn_dim, p.bias, _slot(p.ffn_pre_act, c), _slot(p.ffn_inner, c))
-        self.ffn = p.residual(ffn, c, stack, shared)
+        self.ffn = p.residual(ffn, c, stack, shared, layer)
 
     def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.ffn(self.self_attn(x, key_mask))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: TransformerConfig):
+    def __init__(self, c: TransformerConfig, layer: int = 1):
         super().__init__()
-        p, d, shared = PLACEMENTS[c.placement("decoder")], c.d_model, {}
+        p, d, shared = layer_placement(c, "decoder", layer), c.d_model, {}
         attn = SelfAttention(d, c.n_heads, True, c.dropout, p.bias, _slot(p.attn_inner, c), _slot(p.attn_post, c),
-                             _qk_norms(c))
-        self.self_attn = (p.self_attn or p.residual)(attn, c, "decoder", shared)
-        cross = CrossAttention(d, c.n_heads, c.dropout, p.bias, _qk_norms(c))
-        self.cross_attn = p.residual(cross, c, "decoder", shared)
+                             _head_norms(c, v=p.qkv_norm))
+        self.self_attn = (p.self_attn or p.residual)(attn, c, "decoder", shared, layer)
+        cross = CrossAttention(d, c.n_heads, c.dropout, p.bias, _head_norms(c))
+        self.cross_attn = p.residual(cross, c, "decoder", shared, layer)
         ffn = FeedForward(d, c.ffn_dim, p.bias, _slot(p.ffn_pre_act, c), _slot(p.ffn_inner, c))
-        self.ffn = p.residual(ffn, c, "decoder", shared)
+        self.ffn = p.residual(ffn, c, "decoder", shared, layer)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor,
                 memory_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -544,12 +657,36 @@ class TokenModel(nn.Module):
         self.register_buffer("positions", sinusoidal_positions(c.max_len, c.d_model), persistent=False)
         self.input_scale = (nn.ParameterDict({s: nn.Parameter(torch.ones(c.d_model)) for s in stacks})
                             if c.input_scale else None)
+        self.embed_scale = nn.Parameter(torch.full((1,), math.sqrt(c.d_model))) if c.learnable_embed_scale else None
+        embed_norms = {s: make_norm(c.norm, c.d_model) for s in stacks if PLACEMENTS[c.placement(s)].embed_norm}
+        self.embed_norm = nn.ModuleDict(embed_norms) if embed_norms else None
+
+    def _set_dyt_alphas(self) -> None:
+        """norm=dyt: every DyT's alpha_0 is model.dyt_alpha, except at the sites whose own value
+        is set (model.dyt_alpha_attn / _ffn / _final): a sublayer's norms, qk-norms included,
+        take its branch's value, the norm on top of a stack the final one."""
+        c = self.config
+        if c.norm != "dyt":
+            return
+        sites = [(self, c.dyt_alpha)]
+        sites += [(res, c.dyt_alpha_attn if isinstance(res.branch, _Attention) else c.dyt_alpha_ffn)
+                  for *_, res in self.residuals()]
+        sites += [(getattr(self, f"{s}_final_ln"), c.dyt_alpha_final) for s in ("encoder", "decoder")
+                  if hasattr(self, f"{s}_final_ln")]
+        with torch.no_grad():
+            for module, alpha in sites:
+                for m in module.modules():
+                    if isinstance(m, DyT) and alpha is not None:
+                        m.alpha.fill_(alpha)
 
     def _embed(self, tokens: torch.Tensor, stack: str) -> torch.Tensor:
         # fairseq scales embeddings by sqrt(d) so they match the sinusoids' scale.
-        x = self.embed(tokens) * math.sqrt(self.config.d_model) + self.positions[: tokens.shape[1]]
+        scale = self.embed_scale if self.embed_scale is not None else math.sqrt(self.config.d_model)
+        x = self.embed(tokens) * scale + self.positions[: tokens.shape[1]]
         if self.input_scale is not None:
             x = x * self.input_scale[stack]
+        if self.embed_norm is not None:
+            x = self.embed_norm[stack](x)
         return F.dropout(x, self.config.dropout, self.training)
 
     # Activation checkpointing (train.activation_checkpointing): a training forward keeps only
@@ -581,14 +718,15 @@ class TokenModel(nn.Module):
 class Seq2SeqTransformer(TokenModel):
     def __init__(self, c: TransformerConfig):
         super().__init__(c)
-        self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
+        self.encoder = nn.ModuleList(EncoderLayer(c, layer=i) for i in range(1, c.encoder_layers + 1))
+        self.decoder = nn.ModuleList(DecoderLayer(c, layer=i) for i in range(1, c.decoder_layers + 1))
         # Each stack ends as its own placement says (a hybrid's Pre-LN stack gets its final LN).
         pe, pd = PLACEMENTS[c.placement("encoder")], PLACEMENTS[c.placement("decoder")]
         self.encoder_final_ln = pe.final(c, "encoder") if pe.final else nn.Identity()
         self.decoder_final_ln = pd.final(c, "decoder") if pd.final else nn.Identity()
         self.encoder_history = DenseHistory(c.encoder_layers, c) if pe.dense_history else None
         self.decoder_history = DenseHistory(c.decoder_layers, c) if pd.dense_history else None
+        self._set_dyt_alphas()
 
     def token_masks(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Dict[str, Optional[torch.Tensor]]:
         """The real tokens of each stack's input, {"encoder": (B, S), "decoder": (B, T)} bool;

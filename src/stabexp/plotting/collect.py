@@ -14,9 +14,9 @@ import pandas as pd
 # Identify a run in every table; `sweep` is the folder that holds the run folder.
 RUN_COLUMNS = ["run", "sweep", "experiment", "scale", "group", "depth", "decoder_depth", "seed",
                "model", "status"]
-# The per-run files read into a table of the same name (without .csv); the last two exist only
-# when their probe is on (probe.dependency, probe.update_bound).
-RUN_FILES = ("metrics", "layers", "dependency", "update_bound")
+# The per-run files read into a table of the same name (without .csv); the last three exist only
+# when their probe is on (probe.dependency, probe.update_bound, probe.layer_importance).
+RUN_FILES = ("metrics", "layers", "dependency", "update_bound", "layer_importance")
 # Reference losses a task records in summary.json's "data": the unigram model's (task=lm), and
 # the symbol tasks' rules that stop short of the task (data/symbols.py rule_losses).
 DATA_REFERENCES = ("unigram_eval_loss", "source_counts_eval_loss", "source_counts_eval_acc",
@@ -41,7 +41,8 @@ def find_runs(outputs: Path):
 def collect(outputs: Path) -> Tables:
     """{"runs": one row per run, "metrics": per run and step, "layers": per run, step, sublayer,
     "dependency": per run, step, sublayer and component (probe.dependency), "update_bound": per
-    run, step and sublayer (probe.update_bound)} of every run folder under `outputs` (or of
+    run, step and sublayer (probe.update_bound), "layer_importance": per run, step and layer
+    (probe.layer_importance)} of every run folder under `outputs` (or of
     `outputs` itself when it is a run folder)."""
     outputs = Path(outputs)
     root = outputs.parent if (outputs / "summary.json").is_file() else outputs

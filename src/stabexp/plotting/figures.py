@@ -15,26 +15,31 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from stabexp.analysis import lr_sensitivity_table, run_setting  # noqa: E402
 from stabexp.plotting.collect import RUN_FILES, Tables  # noqa: E402
 
 # The first six keep the colours of the figures made before the other Table 1 rows arrived.
 GROUP_ORDER = ["postln", "postln_warmup", "postln_init", "preln", "deepnorm", "admin",
                "ds_init", "admin_closed_form", "rezero", "rezero_postln", "fixup", "t_fixup",
                "dlcl", "normformer", "sandwich", "subln", "deepnorm_torchscale",
-               "hybrid_postln_preln", "hybrid_preln_postln"]
+               "hybrid_postln_preln", "hybrid_preln_postln",
+               "peri_ln", "reordered_norm", "layernorm_scaled", "mix_ln", "hybridnorm", "hybridnorm_star", "dyt"]
 FIGSIZE_PER_PANEL = (4.5, 3.4)
 
 
 def group_color(group: str):
     # crc32, not hash(): str hashes change from one process to the next.
     idx = GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER) + zlib.crc32(group.encode()) % 3
-    # tab10 for the first ten, tab20's light shades for the next seven, then Dark2 (the
-    # hybrids, drawn beside the placements they mix): distinct colours.
+    # tab10 for the first ten, tab20's light shades for the next seven, Dark2 for the hybrids
+    # (drawn beside the placements they mix), Set1 without its red (Pre-LN's, which the
+    # placements of 2024-2025 are drawn beside) and its yellow: distinct colours.
     if idx < 10:
         return plt.get_cmap("tab10")(idx)
     if idx < 17:
         return plt.get_cmap("tab20")((2 * (idx - 10) + 1) % 20)
-    return plt.get_cmap("Dark2")((idx - 17) % 8)
+    if idx < 19:
+        return plt.get_cmap("Dark2")(idx - 17)
+    return plt.get_cmap("Set1")((1, 2, 3, 4, 6, 7, 8)[(idx - 19) % 7])
 
 
 def save(fig, path: Path) -> None:
@@ -250,5 +255,47 @@ def training_curves(tables: dict, title: str):
     panels[2].set_yscale("symlog", linthresh=1e-3)
     panels[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def lr_sensitivity_figure(tables):
+    """Wortsman et al. 2023 (arXiv 2309.14322) Fig. 1 / 3 style, for any lr sweep: (left) final
+    validation loss against the learning rate, a line per setting, a diverged run drawn at the
+    loss at init; (middle) the largest attention logit over all layers against the step, and
+    (right) the largest output log Z, both at the two highest learning rates of the grid."""
+    runs, metrics, layers = tables["runs"], tables["metrics"], tables["layers"]
+    if runs.lr.nunique() < 2 or "max_attn_logit" not in layers:
+        return None
+    table = lr_sensitivity_table(runs, metrics)
+    settings = list(dict.fromkeys(table.setting))
+    colors = {s: f"C{i}" for i, s in enumerate(settings)}
+    fig, axes = plt.subplots(1, 3, figsize=(FIGSIZE_PER_PANEL[0] * 3, FIGSIZE_PER_PANEL[1] * 1.15))
+    ax = axes[0]
+    for setting, rows in table.groupby("setting", sort=False):
+        shown = rows.final_eval_loss.fillna(rows.loss_0)
+        ax.plot(rows.lr, shown, "o-", color=colors[setting], lw=1.4,
+                label=f"{setting} (LR sens. {rows.lr_sensitivity.iloc[0]:.3f})")
+        failed = rows[rows.final_eval_loss.isna()]
+        ax.plot(failed.lr, failed.loss_0, "x", color=colors[setting], ms=9)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("final validation loss (x: diverged, at loss_0)")
+    ax.legend(fontsize=6)
+    top_lrs = sorted(runs.lr.unique())[-2:]
+    logits = (layers.dropna(subset=["max_attn_logit"]).groupby(["run", "step"], as_index=False)
+              .max_attn_logit.max())
+    for ax, frame, column, title in ((axes[1], logits, "max_attn_logit", "largest attention logit (all layers)"),
+                                     (axes[2], metrics.dropna(subset=["log_z_max"]), "log_z_max", "largest output log Z")):
+        for _, r in runs[runs.lr.isin(top_lrs)].sort_values("lr").iterrows():
+            rows = frame[frame.run == r.run]
+            style = "-" if r.lr == top_lrs[-1] else ":"
+            ax.plot(rows.step, rows[column], style, color=colors[run_setting(r)], lw=1.3,
+                    label=f"lr {r.lr:g}, {run_setting(r)}")
+        ax.set_xlabel("step")
+        ax.set_ylabel(column)
+        ax.set_title(title, fontsize=9)
+    axes[1].set_yscale("log")
+    axes[2].legend(fontsize=5.5)
     fig.tight_layout()
     return fig

@@ -153,17 +153,19 @@ class LayerProbe:
     @torch.inference_mode()
     def probe_pass(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """F(x, theta) in eval mode (no dropout), plus, on the same pass, each sublayer's
-        ln_input_norm (over the real tokens of its stack's input) and its largest attention
-        logit (NaN for an FFN). Attention runs by hand here (`explicit_attention`), so F here
+        ln_input_norm (over the real tokens of its stack's input), its largest attention
+        logit (NaN for an FFN) and its stream_norm, the mean norm per token of the residual
+        stream x entering it, which every placement has. Attention runs by hand here (`explicit_attention`), so F here
         and the fused kernel's F differ by rounding (about 1e-7)."""
         n = len(self.keys)
         tokens = self.model.token_masks(src, tgt_in)
         ln_norms: List[Optional[torch.Tensor]] = [None] * n
+        stream_norms: List[Optional[torch.Tensor]] = [None] * n
         max_logits: List[Optional[torch.Tensor]] = [None] * n
 
-        def ln_input(i: int, real: Optional[torch.Tensor]):
+        def mean_input_norm(into: List, i: int, real: Optional[torch.Tensor]):
             def hook(module, args):
-                ln_norms[i] = token_mean(torch.linalg.vector_norm(args[0].detach(), dim=-1), real)
+                into[i] = token_mean(torch.linalg.vector_norm(args[0].detach(), dim=-1), real)
             return hook
 
         def largest_logit(i: int):
@@ -171,31 +173,35 @@ class LayerProbe:
                 max_logits[i] = logits.amax()
             return hook
 
-        hooks = [(res.ln, "pre", ln_input(i, tokens.get(stack)))
+        hooks = [(res.ln, "pre", mean_input_norm(ln_norms, i, tokens.get(stack)))
                  for i, (res, stack) in enumerate(zip(self.residuals, self.stacks)) if hasattr(res, "ln")]
+        hooks += [(res, "pre", mean_input_norm(stream_norms, i, tokens.get(stack)))
+                  for i, (res, stack) in enumerate(zip(self.residuals, self.stacks))]
         hooks += [(attn.scores, "post", largest_logit(i)) for i, attn in enumerate(self.attentions) if attn is not None]
         with eval_mode(self.model, only_if_dropout=True), explicit_attention(), hooked(hooks):
             feats = self.model.features(src, tgt_in)
         if not n:
-            return feats, feats.new_zeros(0), feats.new_zeros(0)
+            return feats, feats.new_zeros(0), feats.new_zeros(0), feats.new_zeros(0)
         # NaN (an empty cell) where a placement has no norm on the stream (ReZero, Fixup,
         # T-Fixup), and for the attention logit of an FFN.
         nan = feats.new_full((), float("nan"))
         return (feats, torch.stack([v if v is not None else nan for v in ln_norms]),
-                torch.stack([v if v is not None else nan for v in max_logits]))
+                torch.stack([v if v is not None else nan for v in max_logits]), torch.stack(stream_norms))
 
 
 def rows_for_layers(step: int, keys, grad_norms: List[float], ln_norms: List[float],
-                    max_logits: Optional[List[float]] = None, updates: Optional[List[float]] = None) -> List[Dict]:
+                    max_logits: Optional[List[float]] = None, updates: Optional[List[float]] = None,
+                    stream_norms: Optional[List[float]] = None) -> List[Dict]:
     """Tidy rows of layers.csv: one per (step, stack, layer, sublayer). A value that does not
     exist (no norm on the stream, an FFN's attention logit, the update at step 0) is an empty cell."""
     n = len(keys)
     max_logits = max_logits if max_logits is not None else [None] * n
     updates = updates if updates is not None else [None] * n
+    stream_norms = stream_norms if stream_norms is not None else [None] * n
     return [
-        {"step": step, "stack": stack, "layer": layer, "sublayer": name,
-         "grad_norm": g, "ln_input_norm": _cell(ln), "max_attn_logit": _cell(z), "relative_update": _cell(u)}
-        for (stack, layer, name), g, ln, z, u in zip(keys, grad_norms, ln_norms, max_logits, updates)
+        {"step": step, "stack": stack, "layer": layer, "sublayer": name, "grad_norm": g, "ln_input_norm": _cell(ln),
+         "stream_norm": _cell(x), "max_attn_logit": _cell(z), "relative_update": _cell(u)}
+        for (stack, layer, name), g, ln, z, u, x in zip(keys, grad_norms, ln_norms, max_logits, updates, stream_norms)
     ]
 
 

@@ -20,6 +20,7 @@ from stabexp.atomic import write_atomic
 SUMMARY = "summary.json"
 MODEL = "model.pt"  # the final weights, with train.save_model
 DEPENDENCY = "dependency.csv"  # the residual dependency, with probe.dependency
+LAYER_IMPORTANCE = "layer_importance.csv"  # skipping each layer, with probe.layer_importance
 UPDATE_BOUND = "update_bound.csv"  # DeepNet's bound on the model update, with probe.update_bound
 # What two runs of one config may write differently: the wall-clock columns and summary fields,
 # the process's peak memory, and the folder itself (a resumed run, or the same run elsewhere).

@@ -7,7 +7,13 @@
   which is PyTorch's AdamW with weight_decay lambda / lr_max;
 - radam: RAdam (Liu et al. 2020, arXiv 1908.03265), coupled L2 decay; the optimiser of Admin's
   (lr, beta2) grid without warm-up (Transformer-Clinic's iwslt14_de-en recipe);
-- sgd: plain SGD, coupled decay; sgdm: SGD with momentum mu (PyTorch's form, no dampening).
+- sgd: plain SGD, coupled decay; sgdm: SGD with momentum mu (PyTorch's form, no dampening);
+- muon: Muon (Jordan et al. 2024; torch.optim.Muon) on the 2-D matrices of the residual
+  branches, Newton-Schulz-orthogonalised Nesterov momentum, its lr matched to AdamW's update
+  RMS by 0.2 sqrt(max(A, B)) (Liu et al. 2025, "Muon is Scalable for LLM Training",
+  arXiv 2502.16982; adjust_lr_fn="match_rms_adamw"), decoupled decay; AdamW on every other
+  parameter (embeddings, norms, biases, scalars), as Moonlight and Kimi K2 do. The fused QKV
+  matrix of a self-attention is one 3d x d matrix to Muon (torch's Muon takes whole parameters).
 The equilibrium each one predicts for scale-invariant weights: stabexp/theory.py.
 """
 
@@ -18,7 +24,7 @@ from typing import Dict, List, Tuple
 import torch
 import torch.nn as nn
 
-OPTIMISERS = ("adam", "adamw", "adamw_independent", "radam", "sgd", "sgdm")
+OPTIMISERS = ("adam", "adamw", "adamw_independent", "radam", "sgd", "sgdm", "muon")
 DECAY_ON = ("matrices", "all")
 
 
@@ -41,10 +47,49 @@ def torch_form(name: str, weight_decay: float, lr: float) -> Tuple[str, float]:
     return name, weight_decay
 
 
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon on `matrices`, AdamW on the other groups, stepped together as one optimiser so that
+    one lr schedule and one checkpoint cover both: the two share their param-group dicts, so
+    the schedule's lr reaches each."""
+
+    def __init__(self, matrices: List[nn.Parameter], other_groups: List[Dict], lr: float, o, fast: Dict):
+        self.muon = torch.optim.Muon(matrices, lr=lr, weight_decay=o.weight_decay, momentum=o.momentum,
+                                     nesterov=True, adjust_lr_fn="match_rms_adamw")
+        self.adamw = torch.optim.AdamW(other_groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **fast)
+        super().__init__(self.muon.param_groups + self.adamw.param_groups, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.muon.step()
+        self.adamw.step()
+
+    def state_dict(self) -> Dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
+        # Loading gives each optimiser new group dicts: share them again, or the schedule's lr
+        # would stop reaching the two.
+        self.param_groups = self.muon.param_groups + self.adamw.param_groups
+
+
+def branch_matrices(model: nn.Module) -> List[nn.Parameter]:
+    """The weight matrices of every residual branch (what Muon orthogonalises): the Linear
+    weights under each sublayer's `branch`, not the embeddings or DLCL's layer weights."""
+    return [m.weight for *_, res in model.residuals() for m in res.branch.modules() if isinstance(m, nn.Linear)]
+
+
 def build_optimizer(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
     o, lr = cfg.optim, cfg.train.lr
     name, weight_decay = torch_form(o.name, o.weight_decay, lr)
     groups = param_groups(model, weight_decay, o.decay_on)
+    if name == "muon":
+        matrices = branch_matrices(model)
+        taken = {id(p) for p in matrices}
+        rest = [{**g, "params": [p for p in g["params"] if id(p) not in taken]} for g in groups]
+        fast = {"fused": True} if device.type in ("cpu", "cuda") else {}
+        return MuonAdamW(matrices, [g for g in rest if g["params"]], lr, o, fast)
     # One kernel for all tensors: PyTorch's default on the CPU loops over parameters in Python,
     # which dominates the step of a 100-layer tiny model.
     fast = {"fused": True} if device.type in ("cpu", "cuda") else {}

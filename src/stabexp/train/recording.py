@@ -10,7 +10,8 @@ weight matrix holds its norm, the angular update of step i, the effective lr and
 weight is scale-invariant (probes/weights.py). With probe.at_init the step-0 rows also hold
 Admin's output change and the gradient at theta_0 (probes/at_init.py). With probe.dependency,
 dependency.csv holds the residual dependency at step 0 and at the last step
-(probes/dependency.py). With probe.update_bound, update_bound.csv holds DeepNet's bound on the
+(probes/dependency.py), and with probe.layer_importance layer_importance.csv the eval-loss
+increase of skipping each layer, at the same two steps (probes/layer_importance.py). With probe.update_bound, update_bound.csv holds DeepNet's bound on the
 model update term by term at every probe step (probes/update_bound.py).
 """
 
@@ -29,7 +30,8 @@ from stabexp import theory
 from stabexp.data import Task
 from stabexp.probes import log_z_stats, model_update, rows_for_layers
 from stabexp.probes.dependency import dependency
-from stabexp.train.files import DEPENDENCY, read_csv_rows, write_csv
+from stabexp.probes.layer_importance import layer_importance
+from stabexp.train.files import DEPENDENCY, LAYER_IMPORTANCE, read_csv_rows, write_csv
 
 log = logging.getLogger("stabexp")
 
@@ -42,7 +44,7 @@ def metrics_columns(eval_columns) -> list:
 
 METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (translation adds eval_ppl, valid_bleu)
 # A row is a residual sublayer (param empty) or, with probe.weights, one weight matrix (param set).
-LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm",
+LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm", "stream_norm",
                   "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "output_grad_norm",
                   "weight_norm", "angular_update", "row_angular_update", "effective_lr", "scale_invariant", "elements"]
 
@@ -63,17 +65,19 @@ def record(run, step: int, lr, loss, grads, at_init: Optional[Dict] = None, weig
     `weights_moved`: the weight probe holds the weights from before this step."""
     row = {"step": step, "lr": lr, "loss": loss}
     if run.probe is not None:
-        feats, ln_norms, max_logits = run.probe.probe_pass(run.probe_src, run.probe_tgt_in)
+        feats, ln_norms, max_logits, stream_norms = run.probe.probe_pass(run.probe_src, run.probe_tgt_in)
         with torch.no_grad():
             log_z = log_z_stats(run.model.logits(feats), run.probe_tokens)
         total, per_sublayer = grads if grads is not None else run.probe.grad_norms()
         relative = (run.probe.relative_updates() if weights_moved
                     else torch.full_like(per_sublayer, float("nan")))
         host = to_host(total=total, update=model_update(feats, run.features_init, run.probe_tokens),
-                       log_z=log_z, grad=per_sublayer, ln=ln_norms, logit=max_logits, relative=relative)
+                       log_z=log_z, grad=per_sublayer, ln=ln_norms, logit=max_logits, relative=relative,
+                       stream=stream_norms)
         (grad_norm,), (update,), (log_z_mean, log_z_max) = host["total"], host["update"], host["log_z"]
         row.update(grad_norm=grad_norm, model_update=update, log_z_mean=log_z_mean, log_z_max=log_z_max)
-        rows = rows_for_layers(step, run.probe.keys, host["grad"], host["ln"], host["logit"], host["relative"])
+        rows = rows_for_layers(step, run.probe.keys, host["grad"], host["ln"], host["logit"], host["relative"],
+                               host["stream"])
         if at_init is not None:
             row.update(grad_norm=at_init["grad_norm"], output_change=at_init["output_change"])
             for r, g, c, w2, out in zip(rows, at_init["sublayer_grad_norm"], at_init["input_change"],
@@ -108,6 +112,18 @@ def record_dependency(run, step: int) -> None:
     kept = [] if step == 0 else [r for r in read_csv_rows(path) if r["step"] == "0"]
     rows = [{"step": step, **r} for r in dependency(run.model, run.probe_src, run.probe_tgt_in)]
     write_csv(path, DEPENDENCY_COLUMNS, kept + rows)
+
+
+LAYER_IMPORTANCE_COLUMNS = ["step", "stack", "layer", "eval_loss", "full_eval_loss", "loss_increase"]
+
+
+def record_layer_importance(run, step: int) -> None:
+    """probe.layer_importance: the eval-loss increase of skipping each layer at `step`
+    (probes/layer_importance.py), beside the step-0 rows, as record_dependency."""
+    path = run.out_dir / LAYER_IMPORTANCE
+    kept = [] if step == 0 else [r for r in read_csv_rows(path) if r["step"] == "0"]
+    rows = [{"step": step, **r} for r in layer_importance(run.model, run.task.eval_loss)]
+    write_csv(path, LAYER_IMPORTANCE_COLUMNS, kept + rows)
 
 
 def weight_rows(run, step: int, lr: float, moved: bool) -> List[Dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -30,7 +31,9 @@ from stabexp.atomic import write_atomic
 from stabexp.train.files import MODEL, SUMMARY, UPDATE_BOUND, CsvLog, write_json
 from stabexp.train.losses import z_loss
 from stabexp.train.optim import build_optimizer, torch_form
-from stabexp.train.recording import LAYERS_COLUMNS, Progress, metrics_columns, record, record_dependency
+from stabexp.train.qk_clip import QKClip
+from stabexp.train.recording import (LAYERS_COLUMNS, Progress, metrics_columns, record, record_dependency,
+                                     record_layer_importance)
 from stabexp.train.schedule import lr_factor
 
 log = logging.getLogger("stabexp")
@@ -99,6 +102,7 @@ class Run:
         # and hook its submodules, which a compiled graph would not call.
         self.train_model = torch.compile(model) if t.compile else model
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16")
+        self.qk_clip = QKClip(model, t.qk_clip_tau) if t.qk_clip_tau > 0 else None
 
     def _build_optimiser(self) -> None:
         cfg, t = self.cfg, self.train_cfg
@@ -133,8 +137,8 @@ class Run:
         summary["precision"] = t.precision
         summary["optim"] = {"name": o.name, "lr": t.lr, "weight_decay": o.weight_decay,
                             "momentum": o.momentum, "beta1": o.betas[0], "decay_on": o.decay_on}
-        if o.weight_decay > 0:
-            name, weight_decay = torch_form(o.name, o.weight_decay, t.lr)
+        name, weight_decay = torch_form(o.name, o.weight_decay, t.lr)
+        if o.weight_decay > 0 and name in theory.OPTIMISERS:  # the equilibria are derived for these
             summary["theory"] = theory.equilibrium(name, t.lr, weight_decay, o.momentum, o.betas[0])
 
     def _equilibrium_norms(self, summary: Dict) -> None:
@@ -174,6 +178,8 @@ class Run:
         record(self, 0, None, None, None, at_init=self.probe_at_init() if self.cfg.probe.at_init else None)
         if self.cfg.probe.dependency:
             record_dependency(self, 0)
+        if self.cfg.probe.layer_importance:
+            record_layer_importance(self, 0)
 
     def probe_at_init(self) -> Dict:
         """Admin's output change on the probe batch (mean over probe.perturbation_draws draws of
@@ -271,7 +277,7 @@ class Run:
         """Optimiser step number `step` (1-based), probing if due; False when it diverged."""
         t, model, result = self.train_cfg, self.model, self.result
         src, tgt_in, tgt_out = self.task.train_batch()
-        with self.autocast:
+        with self.autocast, self.qk_clip.observing() if self.qk_clip is not None else nullcontext():
             logits = self.train_model(src, tgt_in)
             loss = self.task.loss(logits, tgt_out)
             if t.z_loss > 0:
@@ -291,6 +297,8 @@ class Run:
         if probing and self.weights is not None:
             self.weights.snapshot()
         self.opt.step()
+        if self.qk_clip is not None:
+            self.qk_clip.clip()
         self.sched.step()
         self.steps_done = step
         row = None
@@ -326,9 +334,11 @@ class Run:
 
     def write_final(self) -> None:
         """What a finished run keeps of its last weights: the residual dependency
-        (probe.dependency) and the weights themselves (train.save_model, for `stabexp export`)."""
+        (probe.dependency), the layer importance (probe.layer_importance) and the weights themselves (train.save_model, for `stabexp export`)."""
         if self.cfg.probe.dependency:
             record_dependency(self, self.steps_done)
+        if self.cfg.probe.layer_importance:
+            record_layer_importance(self, self.steps_done)
         if self.train_cfg.save_model:
             model = {"state_dict": self.model.state_dict(), "vocab_size": self.task.vocab_size,
                      "pad_id": self.task.pad_id, "max_positions": self.task.max_positions}

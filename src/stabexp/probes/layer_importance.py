@@ -1,0 +1,36 @@
+"""Layer importance: how much the eval loss rises when one layer is skipped (its sublayers
+replaced by the identity, so the layer hands its input on unchanged). It is the measure behind
+"The Curse of Depth" (Sun et al. 2025, arXiv 2502.05795, Sec. 3, Fig. 2: in Pre-LN LLMs the
+deep layers can be removed at little cost) and Mix-LN (Li et al. 2024, arXiv 2412.13795,
+Fig. 1: the performance drop per removed layer).
+
+Like every probe it watches the model from outside: a forward hook on the layer returns the
+layer's input as its output (`hooked`, probes/__init__.py), so one eval pass per layer, plus one
+with no layer skipped, on the task's own eval loss (the validation set a run's eval uses).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import torch.nn as nn
+
+from stabexp.probes import hooked
+
+
+def _pass_input_on(module, inputs, output):
+    return inputs[0]
+
+
+def layer_importance(model: nn.Module, eval_loss: Callable[[nn.Module], float]) -> List[Dict]:
+    """One row per layer, bottom-up per stack: the eval loss with that layer skipped, the full
+    model's, and the increase (`loss_increase`, positive when the layer helps)."""
+    full = eval_loss(model)
+    rows = []
+    for stack in ("encoder", "decoder"):
+        for layer, module in enumerate(getattr(model, stack), start=1):
+            with hooked([(module, "post", _pass_input_on)]):
+                skipped = eval_loss(model)
+            rows.append({"stack": stack, "layer": layer, "eval_loss": skipped, "full_eval_loss": full,
+                         "loss_increase": skipped - full})
+    return rows
