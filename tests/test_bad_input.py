@@ -38,6 +38,11 @@ from conftest import one_line_error
      ["group.decoder_residual=preln", "model.arch=transformer"]),
     (["group=admin", "group.decoder_residual=preln"], ["group.init=admin_profiled", "every stack"]),
     (["group=dlcl", "probe.dependency=true"], ["probe.dependency=True", "dlcl"]),
+    (["group=mix_ln"], ["group.residual=mix_ln", "decoder_only", "group=mix_ln"]),
+    (["task=lm", "group=mix_ln", "group.mix_ratio=1.5"], ["group.mix_ratio=1.5", "[0, 1]"]),
+    (["group=postln", "model.norm=dyt", "probe.dependency=true"], ["probe.dependency=True", "dyt"]),
+    (["task=lm", "model.qk_norm=true", "train.qk_clip_tau=100"], ["train.qk_clip_tau=100", "qk_norm"]),
+    (["task=lm", "optim=muon", "probe.weights=true"], ["probe.weights=True", "muon"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_main, args, words):
     r = stabexp_main("run", *args)

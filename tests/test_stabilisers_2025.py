@@ -123,6 +123,8 @@ def test_dyt_is_gamma_tanh_alpha_x_plus_beta_with_alpha_0_per_site(make_cfg):
         assert layer.ffn.ln.alpha.item() == pytest.approx(0.2)
     assert model.decoder_final_ln.alpha.item() == pytest.approx(0.5)  # dyt_alpha_final unset: dyt_alpha
     assert model.embed_scale.item() == pytest.approx(math.sqrt(16)) and model.embed_scale.requires_grad
+    group, _ = _lm(make_cfg, "dyt")  # the group: Pre-LN with DyT whatever model.norm says
+    assert isinstance(group.decoder[0].self_attn.ln, DyT) and isinstance(group.decoder_final_ln, DyT)
 
 
 def test_skipping_a_layer_is_the_same_as_running_the_model_without_it(make_cfg):

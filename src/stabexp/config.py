@@ -404,6 +404,11 @@ def validate(cfg: DictConfig) -> None:
     _need(o.eps > 0, "optim.eps", o.eps, "must be > 0")
     _need(o.name != "muon" or m.arch != "normmlp", "optim.name", o.name,
           "orthogonalises the residual branches' matrices, and model=normmlp has none")
+    if o.name == "muon":
+        import torch
+
+        _need(hasattr(torch.optim, "Muon"), "optim.name", o.name,
+              f"needs torch.optim.Muon (PyTorch 2.9 or later); this torch is {torch.__version__}")
     _need(o.name != "muon" or not cfg.probe.weights, "probe.weights", cfg.probe.weights,
           "its effective lr is derived for sgd, sgdm, adam and adamw, not optim.name=muon")
     _need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")

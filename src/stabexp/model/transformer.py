@@ -178,7 +178,7 @@ def explicit_attention():
     """Inside the block every attention computes softmax(q.k / sqrt(d_h) + mask) v by hand
     instead of calling the fused kernel, so that its logits pass through `scores`, where a
     forward hook can read them. The result equals the fused kernel's up to rounding (about
-    1e-7). The probes use it in eval mode; QK-Clip (train/qk_clip.py) in training, with the
+    1e-7). The measurements use it in eval mode; QK-Clip (train/qk_clip.py) in training, with the
     attention dropout drawn by hand."""
     previous, _KERNEL.explicit = _KERNEL.explicit, True
     try:
