@@ -269,7 +269,10 @@ def lr_sensitivity_figure(tables):
         return None
     table = lr_sensitivity_table(runs, metrics)
     settings = list(dict.fromkeys(table.setting))
-    colors = {s: f"C{i}" for i, s in enumerate(settings)}
+    # One colour per setting; the seeds of a setting share it.
+    unseeded = {s: " ".join(p for p in s.split() if not p.startswith("seed=")) for s in settings}
+    shades = {u: f"C{i}" for i, u in enumerate(dict.fromkeys(unseeded.values()))}
+    colors = {s: shades[unseeded[s]] for s in settings}
     fig, axes = plt.subplots(1, 3, figsize=(FIGSIZE_PER_PANEL[0] * 3, FIGSIZE_PER_PANEL[1] * 1.15))
     ax = axes[0]
     for setting, rows in table.groupby("setting", sort=False):
