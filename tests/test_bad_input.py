@@ -43,6 +43,8 @@ from conftest import one_line_error
     (["group=postln", "model.norm=dyt", "probe.dependency=true"], ["probe.dependency=True", "dyt"]),
     (["task=lm", "model.qk_norm=true", "train.qk_clip_tau=100"], ["train.qk_clip_tau=100", "qk_norm"]),
     (["task=lm", "optim=muon", "probe.weights=true"], ["probe.weights=True", "muon"]),
+    (["task=multi30k", "train.qk_clip_tau=100"], ["train.qk_clip_tau=100", "padded"]),
+    (["group=rezero", "group.norm=dyt"], ["group.norm=dyt", "rezero"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_main, args, words):
     r = stabexp_main("run", *args)

@@ -259,10 +259,10 @@ def test_report_gives_the_layer_importance_and_the_stream_growth(quick_outputs):
     importance = layer_importance_table(tables["layer_importance"])
     assert sorted(importance.group) == ["mix_ln", "peri_ln", "preln"] and (importance.depth == 4).all()
     for _, row in importance.iterrows():
-        assert (f"| {row.group} | 4 | 1 | {row.bottom_half:.4f} | {row.top_half:.4f} | {row.largest:.4f} | "
-                f"{row.cheap_share:.2f} |") in printed
+        assert (f"| {row.group} | 4 | decoder | 1 | {row.bottom_half:.4f} | {row.top_half:.4f} | "
+                f"{row.largest:.4f} | {row.cheap_share:.2f} |") in printed
     for _, row in stream_growth(tables["layers"]).iterrows():
-        assert f"| {row.group} | 4 | 1 | {row['first']:.2f} | {row['last']:.2f} | {row.growth:.2f} |" in printed
+        assert f"| {row.group} | 4 | decoder | 1 | {row['first']:.2f} | {row['last']:.2f} | {row.growth:.2f} |" in printed
     sweep = next((quick_outputs.outputs / "multirun").glob("experiment=lr_sensitivity_muon*"))
     printed = run_cli(quick_outputs.outputs, "report", str(sweep)).stdout
     assert "Largest attention logit over the layers at the last probe step" in printed

@@ -18,6 +18,7 @@ from stabexp.model import build_model
 from stabexp.model.transformer import (
     PLACEMENTS,
     DyT,
+    Plain,
     PostLN,
     PreLN,
     TransformerConfig,
@@ -78,11 +79,17 @@ def test_mix_ln_is_post_ln_in_the_bottom_floor_a_l_layers_and_pre_ln_above(make_
     assert isinstance(model.decoder_final_ln, nn.LayerNorm)
 
 
+def test_layernorm_scaling_gives_layer_l_the_factor_1_over_sqrt_l(make_cfg):
+    model, _ = _lm(make_cfg, "layernorm_scaled", "depth=4")
+    for i, layer in enumerate(model.decoder, start=1):
+        assert layer.self_attn.depth_scale == layer.ffn.depth_scale == pytest.approx(i ** -0.5)
+
+
 def test_hybridnorm_normalises_q_k_v_without_a_pre_norm_and_hybridnorm_star_pre_norms_block_0(make_cfg):
     model, _ = _lm(make_cfg, "hybridnorm", "depth=3")
     for layer in model.decoder:
         attn = layer.self_attn.branch
-        assert not hasattr(layer.self_attn, "ln") and attn.v_norm is not None and attn.q_norm is not None
+        assert type(layer.self_attn) is Plain and attn.v_norm is not None and attn.q_norm is not None
         assert attn.q_norm.normalized_shape == (16 // 2,)  # per head
     star, _ = _lm(make_cfg, "hybridnorm_star", "depth=3")
     first, rest = star.decoder[0], star.decoder[1:]
@@ -202,7 +209,7 @@ def test_muon_orthogonalises_the_branch_matrices_and_adamw_takes_the_rest(make_c
 
 
 @pytest.mark.parametrize("group", NEW_GROUPS)
-def test_every_new_group_runs_decoder_only_with_every_probe(make_cfg, tmp_path, group):
+def test_every_new_group_runs_decoder_only_with_the_layer_probes(make_cfg, tmp_path, group):
     cfg = make_cfg(f"group={group}", *LM, "depth=4", "train.steps=6", "probe.at_init=true",
                    "probe.layer_importance=true")
     summary = train(cfg, tmp_path)
@@ -239,3 +246,6 @@ def test_muon_with_qk_clip_resumes_to_the_same_files(make_cfg, tmp_path, monkeyp
     summary = trainer.train(cfg, tmp_path / "run")
     assert summary["resumed_from"] == [3]
     assert_same_files(tmp_path / "run", tmp_path / "reference")
+    # The clip fired: the logits start above tau and end far closer to it.
+    logits = pd.read_csv(tmp_path / "run" / "layers.csv").groupby("step").max_attn_logit.max()
+    assert logits[0] > 2.0 and logits[8] < logits[0]

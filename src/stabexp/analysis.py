@@ -467,30 +467,31 @@ def depth_law(runs: pd.DataFrame, value: str = "final_eval_loss") -> pd.DataFram
 # --- The stabilisers of 2024-2025: layer importance, stream norm, attention logits -----------
 
 def layer_importance_table(importance: pd.DataFrame, cheap: float = 0.01) -> pd.DataFrame:
-    """Per group and depth at the last step (mean over seeds), from layer_importance.csv: the
-    mean eval-loss increase of skipping a layer of the bottom half and of the top half of the
-    stack, the largest increase, and the share of layers whose skip costs less than `cheap`
-    nats ("The Curse of Depth": in Pre-LN most deep layers can go)."""
-    columns = ["group", "depth", "runs", "bottom_half", "top_half", "largest", "cheap_share"]
+    """Per group, depth and stack at the last step (mean over the runs of the cell), from
+    layer_importance.csv: the mean eval-loss increase of skipping a layer of the bottom half and
+    of the top half of the stack, the largest increase, and the share of layers whose skip costs
+    less than `cheap` nats ("The Curse of Depth": in Pre-LN most deep layers can go)."""
+    columns = ["group", "depth", "stack", "runs", "bottom_half", "top_half", "largest", "cheap_share"]
     if importance.empty:
         return pd.DataFrame(columns=columns)
     last = importance[importance.step == importance.groupby("run").step.transform("max")]
     last = last[last.step > 0]
     out = []
-    for (group, depth), rows in last.groupby(["group", "depth"], sort=False):
+    for (group, depth, stack), rows in last.groupby(["group", "depth", "stack"], sort=False):
         per_layer = rows.groupby("layer").loss_increase.mean()
-        half = per_layer.index <= depth / 2
-        out.append({"group": group, "depth": int(depth), "runs": rows.run.nunique(),
+        half = per_layer.index <= per_layer.index.max() / 2
+        out.append({"group": group, "depth": int(depth), "stack": stack, "runs": rows.run.nunique(),
                     "bottom_half": per_layer[half].mean(), "top_half": per_layer[~half].mean(),
                     "largest": per_layer.max(), "cheap_share": float((per_layer < cheap).mean())})
     return pd.DataFrame(out, columns=columns)
 
 
 def stream_growth(layers: pd.DataFrame) -> pd.DataFrame:
-    """Per group and depth at the last probe step (mean over seeds): the residual stream's norm
-    per token (stream_norm) entering the first and the last sublayer, and their ratio: Pre-LN's
-    hidden state grows with depth, Peri-LN's stays bounded (Kim et al. 2025)."""
-    columns = ["group", "depth", "runs", "first", "last", "growth"]
+    """Per group, depth and stack at the last probe step (mean over the runs of the cell): the
+    residual stream's norm per token (stream_norm) entering the stack's first and last sublayer,
+    and their ratio: Pre-LN's hidden state grows with depth, Peri-LN's stays bounded (Kim et
+    al. 2025)."""
+    columns = ["group", "depth", "stack", "runs", "first", "last", "growth"]
     if "stream_norm" not in layers or layers.stream_norm.isna().all():
         return pd.DataFrame(columns=columns)
     rows = layers.dropna(subset=["stream_norm"])
@@ -498,10 +499,11 @@ def stream_growth(layers: pd.DataFrame) -> pd.DataFrame:
         rows = rows[rows.param.isna()]
     rows = rows[rows.step == rows.groupby("run").step.transform("max")]
     out = []
-    for (group, depth), cell in rows.groupby(["group", "depth"], sort=False):
+    for (group, depth, stack), cell in rows.groupby(["group", "depth", "stack"], sort=False):
         ends = cell.groupby("run").stream_norm.agg(["first", "last"])
-        out.append({"group": group, "depth": int(depth), "runs": len(ends), "first": ends["first"].mean(),
-                    "last": ends["last"].mean(), "growth": (ends["last"] / ends["first"]).mean()})
+        out.append({"group": group, "depth": int(depth), "stack": stack, "runs": len(ends),
+                    "first": ends["first"].mean(), "last": ends["last"].mean(),
+                    "growth": (ends["last"] / ends["first"]).mean()})
     return pd.DataFrame(out, columns=columns)
 
 

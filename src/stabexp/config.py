@@ -49,6 +49,14 @@ def outputs_dir() -> Path:
     return ((root if root is not None else Path.cwd()) / "outputs").resolve()
 
 
+def with_defaults(cfg: DictConfig) -> DictConfig:
+    """A run's saved config.yaml on today's schema: keys added since it was written take their
+    defaults, so older run folders still build their model (`stabexp export`)."""
+    schema = OmegaConf.structured(Config(group=GroupConfig(), model=ModelConfig(), task=TaskConfig(),
+                                         optim=OptimConfig()))
+    return OmegaConf.merge(schema, cfg)
+
+
 def model_norm(cfg) -> str:
     """The norm kind the model is built with: the group's own (group.norm) or model.norm."""
     return cfg.group.norm or cfg.model.norm
@@ -365,9 +373,9 @@ def validate(cfg: DictConfig) -> None:
           g.init, f"{g.init} sets Admin's omegas, so it needs group.residual=admin in every stack")
     _need(m.norm in NORMS, "model.norm", m.norm, f"one of {', '.join(NORMS)}")
     _need(g.norm is None or g.norm in NORMS, "group.norm", g.norm, f"one of {', '.join(NORMS)} (or null)")
-    norm = model_norm(cfg)
+    norm, norm_key = model_norm(cfg), "group.norm" if g.norm else "model.norm"
     for placement in sorted(placements):
-        _need(norm == "layernorm" or PLACEMENTS[placement].has_norm, "model.norm", norm,
+        _need(norm == "layernorm" or PLACEMENTS[placement].has_norm, norm_key, norm,
               f"group.residual={placement} has no normalisation to replace (layernorm only)")
     for key in ("d_model", "ffn_dim", "n_heads"):
         _need(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
@@ -435,6 +443,9 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.z_loss >= 0, "train.z_loss", tr.z_loss, "must be >= 0 (0 = off)")
     _need(tr.qk_clip_tau >= 0, "train.qk_clip_tau", tr.qk_clip_tau, "must be >= 0 (0 = off)")
     if tr.qk_clip_tau > 0:
+        _need(cfg.task.kind != "translation", "train.qk_clip_tau", tr.qk_clip_tau,
+              "takes each head's largest logit over every query, and padded translation batches have "
+              "queries no loss reads: language-model and synthetic tasks only")
         _need(m.arch != "normmlp", "train.qk_clip_tau", tr.qk_clip_tau, "clips attention, and model=normmlp has none")
         _need(not m.qk_norm and not any(PLACEMENTS[x].qkv_norm for x in placements), "train.qk_clip_tau",
               tr.qk_clip_tau, "scales W_q and W_k, which normalised q and k (model.qk_norm, hybridnorm) do not feel")

@@ -22,10 +22,11 @@ USAGE = "usage: stabexp export RUN_FOLDER [OUT_FILE]   (a finished Admin run mad
 
 def load_run_model(run: Path):
     """The model of a run folder, with the final weights it saved (train.save_model)."""
+    from stabexp.config import with_defaults
     from stabexp.model import build_model
 
     run = Path(run)
-    cfg = OmegaConf.load(run / "config.yaml")
+    cfg = with_defaults(OmegaConf.load(run / "config.yaml"))
     saved = torch.load(run / MODEL, map_location="cpu", weights_only=True)
     model = build_model(cfg, saved["vocab_size"], saved["pad_id"], saved["max_positions"])
     model.load_state_dict(saved["state_dict"])

@@ -511,7 +511,8 @@ def _head_scale(c):
 
 
 def _mix_ln(c, layer, n_layers):
-    return Placement(PostLN) if layer <= math.floor(c.mix_ratio * n_layers) else Placement(PreLN)
+    # + 1e-9: 0.29 * 100 is 28.999... in floating point, and floor(a L) means 29 there.
+    return Placement(PostLN) if layer <= math.floor(c.mix_ratio * n_layers + 1e-9) else Placement(PreLN)
 
 
 def _hybridnorm_star(c, layer, n_layers):
