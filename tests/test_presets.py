@@ -172,7 +172,8 @@ def test_report_gives_the_lr_sensitivity_of_each_setting(quick_outputs):
     (sweep,) = (quick_outputs.outputs / "multirun").glob("experiment=lr_sensitivity__*")
     result = run_cli(quick_outputs.outputs, "report", str(sweep))
     assert result.returncode == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| model.qk_norm=")]
+    losses = result.stdout.split("Largest attention logit")[0]  # the loss table, not the logit table below
+    rows = [line for line in losses.splitlines() if line.startswith("| model.qk_norm=")]
     assert len(rows) == 4 and "| lr 0.001 | lr 0.1 | LR sensitivity |" in result.stdout
     # Each setting's LR sensitivity, by hand from the printed losses: the mean over the lr grid of
     # min(loss, loss_0) - loss*, loss_0 the mean eval loss at init of the setting's runs, a run

@@ -21,6 +21,7 @@ from stabexp.model.transformer import (
     Plain,
     PostLN,
     PreLN,
+    Sandwich,
     TransformerConfig,
     attention_logits,
 )
@@ -91,6 +92,14 @@ def test_hybridnorm_normalises_q_k_v_without_a_pre_norm_and_hybridnorm_star_pre_
         attn = layer.self_attn.branch
         assert type(layer.self_attn) is Plain and attn.v_norm is not None and attn.q_norm is not None
         assert attn.q_norm.normalized_shape == (16 // 2,)  # per head
+    # The v norm is on the path: with its gain and bias at 0 the heads output nothing, and the
+    # attention branch gives W_O's bias alone.
+    attn = model.decoder[0].self_attn.branch
+    with torch.no_grad():
+        attn.v_norm.weight.zero_()
+        attn.v_norm.bias.zero_()
+    out = attn(torch.randn(2, 5, 16))
+    torch.testing.assert_close(out, attn.out.bias.expand_as(out))
     star, _ = _lm(make_cfg, "hybridnorm_star", "depth=3")
     first, rest = star.decoder[0], star.decoder[1:]
     assert type(first.self_attn) is PreLN and type(first.ffn) is PreLN and first.self_attn.branch.v_norm is not None
@@ -190,9 +199,16 @@ def test_muon_orthogonalises_the_branch_matrices_and_adamw_takes_the_rest(make_c
     assert not muon & adamw and muon | adamw == {id(p) for p in model.parameters()}
     w = model.decoder[0].ffn.branch.fc1.weight
     before = w.detach().clone()
+    matrices = branch_matrices(model)
+    all_before = [m.detach().clone() for m in matrices]
     tokens = torch.randint(1, cfg.task.vocab_size, (4, 6))
     F.cross_entropy(model(tokens[:, :0], tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
     opt.step()
+    # Moonlight's RMS matching: every matrix, whatever its shape (3d x d, d x d, d_ff x d,
+    # d x d_ff), moves by an update of RMS about 0.2 lr (Keller Jordan's original scaling,
+    # sqrt(max(1, A / B)), gives 0.16-0.24 here).
+    rms = torch.stack([(b - m.detach()).pow(2).mean().sqrt() for b, m in zip(all_before, matrices)]) / cfg.train.lr
+    assert rms.min() > 0.15 and rms.max() < 0.2 and rms.max() / rms.min() < 1.2
     # One step from rest: the update is lr * 0.2 sqrt(max(A, B)) times NS(g), whose singular
     # values Newton-Schulz brings near 1 (Adam's would spread with the gradient's).
     update = (before - w.detach()) / (cfg.train.lr * 0.2 * math.sqrt(max(w.shape)))
@@ -210,23 +226,27 @@ def test_muon_orthogonalises_the_branch_matrices_and_adamw_takes_the_rest(make_c
 
 @pytest.mark.parametrize("group", NEW_GROUPS)
 def test_every_new_group_runs_decoder_only_with_the_layer_probes(make_cfg, tmp_path, group):
-    cfg = make_cfg(f"group={group}", *LM, "depth=4", "train.steps=6", "probe.at_init=true",
+    cfg = make_cfg(f"group={group}", *LM, "depth=2", "train.steps=3", "probe.at_init=true",
                    "probe.layer_importance=true")
     summary = train(cfg, tmp_path)
     assert summary["status"] == "completed"
     layers = pd.read_csv(tmp_path / "layers.csv")
-    last = layers[layers.step == 6]
+    last = layers[layers.step == 3]
     attention = last[last.sublayer == "self_attn"]
-    assert len(last) == 4 * 2 and last.grad_norm.gt(0).all() and attention.max_attn_logit.notna().all()
+    assert len(last) == 2 * 2 and last.grad_norm.gt(0).all() and attention.max_attn_logit.notna().all()
     # The LN input is that of a norm on the stream, empty where a sublayer has none (OLMo 2's
     # reordered norm, HybridNorm's attention).
     model = build_model(cfg, cfg.task.vocab_size)
     on_stream = {(layer, name): hasattr(res, "ln") for _, layer, name, res in model.residuals()}
+    pre_norm = {(layer, name): isinstance(res, (PreLN, Sandwich)) for _, layer, name, res in model.residuals()}
     for row in last.itertuples():
         assert (row.ln_input_norm > 0) if on_stream[row.layer, row.sublayer] else math.isnan(row.ln_input_norm)
+        assert row.stream_norm > 0
+        if pre_norm[row.layer, row.sublayer]:  # the norm reads the stream itself
+            assert row.stream_norm == pytest.approx(row.ln_input_norm, rel=1e-6)
     assert any(on_stream.values()) != (group == "reordered_norm")
     importance = pd.read_csv(tmp_path / "layer_importance.csv")
-    assert importance.step.tolist() == [0] * 4 + [6] * 4 and importance.loss_increase.notna().all()
+    assert importance.step.tolist() == [0] * 2 + [3] * 2 and importance.loss_increase.notna().all()
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["constants"]["residual"] == group
 
