@@ -61,6 +61,18 @@ def run_cli(outputs, *args, cwd=None, timeout=600):
 
 
 
+def fail_at_step(monkeypatch, cfg, out_dir: Path, step: int) -> None:
+    """Run train(cfg, out_dir) with optimiser step `step` raising, as a crash mid-run would:
+    the folder keeps its last checkpoint and a `failed` summary."""
+    import stabexp.train.trainer as trainer
+
+    real = trainer.Run.step
+    with monkeypatch.context() as m:
+        m.setattr(trainer.Run, "step", lambda self, i: real(self, i) if i != step else 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            trainer.train(cfg, out_dir)
+
+
 def assert_same_files(a: Path, b: Path, note: str = "", config: bool = True) -> None:
     """Two run folders hold the same run: metrics.csv and layers.csv equal bit for bit, and the
     same summary and (unless config=False: runs of configs that differ in how, not what, they

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import stabexp.train.trainer as trainer
-from conftest import TINY, assert_same_files, cli_command, cli_env
+from conftest import TINY, assert_same_files, cli_command, cli_env, fail_at_step
 from stabexp.train import checkpoint
 from stabexp.train.files import RunLock, RunLocked, is_locked
 
@@ -132,11 +132,7 @@ def test_a_checkpoint_of_another_config_is_a_clear_error(make_cfg, tmp_path, mon
 def test_a_failed_run_resumes_from_its_last_checkpoint(make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg("group=postln", "train.checkpoint_every=2", "train.steps=8")
     reference = trainer.train(cfg, tmp_path / "reference")
-    real = trainer.Run.step
-    with monkeypatch.context() as m:
-        m.setattr(trainer.Run, "step", lambda self, step: real(self, step) if step != 5 else 1 / 0)
-        with pytest.raises(ZeroDivisionError):
-            trainer.train(cfg, tmp_path / "run")
+    fail_at_step(monkeypatch, cfg, tmp_path / "run", 5)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
     summary = trainer.train(cfg, tmp_path / "run")
     assert summary["resumed_from"] == [4] and summary["final_eval_loss"] == reference["final_eval_loss"]
@@ -258,11 +254,7 @@ def test_a_translation_run_resumes_mid_epoch_to_the_same_files(make_cfg, corpus_
     cfg = make_cfg(*translation_overrides(corpus_dir), "group=postln_warmup", "train.steps=10",
                    "train.eval_every=5", "train.checkpoint_every=3", "train.max_tokens=60", "model.dropout=0.1")
     reference = trainer.train(cfg, tmp_path / "reference")
-    real = trainer.Run.step
-    with monkeypatch.context() as m:
-        m.setattr(trainer.Run, "step", lambda self, step: real(self, step) if step != 8 else 1 / 0)
-        with pytest.raises(ZeroDivisionError):
-            trainer.train(cfg, tmp_path / "run")
+    fail_at_step(monkeypatch, cfg, tmp_path / "run", 8)
     summary = trainer.train(cfg, tmp_path / "run")
     assert summary["resumed_from"] == [6] and summary["target_tokens"] == reference["target_tokens"]
     assert summary["test_bleu"] == reference["test_bleu"]
