@@ -1,4 +1,4 @@
-"""DeepNet's depth arguments: activation checkpointing, the Theorem 4.1 bound probe, the depth
+"""DeepNet's depth arguments: activation checkpointing, the Theorem 4.1 / 4.3 bound probe, the depth
 law, peak memory per run, the committed cells table and the bench's checkpointing variant."""
 
 import json
@@ -80,8 +80,35 @@ def test_the_bound_probe_resumes_to_the_same_file(make_cfg, tmp_path, monkeypatc
     assert (tmp_path / "run" / "update_bound.csv").read_bytes() == (tmp_path / "reference" / "update_bound.csv").read_bytes()
 
 
+@pytest.mark.parametrize("group", ["deepnorm", "postln"])
+def test_the_encoder_decoder_bound_is_theorem_4_3(make_cfg, tmp_path, group):
+    cfg = make_cfg(f"group={group}", "depth=2", "decoder_depth=3", "train.steps=6", "probe.first_steps=3",
+                   "probe.every=3", "probe.update_bound=true")
+    summary = train(cfg, tmp_path)
+    rows = pd.read_csv(tmp_path / "update_bound.csv")
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    probed = metrics.dropna(subset=["model_update"]).step.tolist()
+    assert len(rows) == len(probed) * (2 * 2 + 3 * 3)
+    assert (rows[rows.sublayer == "cross_attn"]["stack"] == "decoder").all()
+    alphas = rows.groupby("stack").alpha.unique()
+    expected = summary["constants"]["alpha"]
+    assert [*alphas["encoder"]] == pytest.approx([expected["encoder"]])
+    assert [*alphas["decoder"]] == pytest.approx([expected["decoder"]])
+    steps = update_bound_steps(metrics.assign(run="r"), rows.assign(run="r", group=group, depth=2, seed=0),
+                               pd.DataFrame({"run": ["r"], "features_init_norm": [summary["features_init_norm"]]}))
+    # The sum written out: the encoder's terms carried by each cross-attention's v w / alpha_d,
+    # plus every decoder sublayer's own term.
+    last = rows[rows.step == probed[-1]]
+    encoder, decoder = last[last["stack"] == "encoder"], last[last["stack"] == "decoder"]
+    cross = decoder[decoder.sublayer == "cross_attn"]
+    by_hand = (cross.v * cross.w / cross.alpha).sum() * encoder.term.sum() + decoder.term.sum()
+    at_last = steps[steps.step == probed[-1]].iloc[0]
+    assert at_last.bound == pytest.approx(by_hand) and at_last.encoder_bound == pytest.approx(encoder.term.sum())
+    assert len(steps) == len(probed) - 1 and (steps.ratio >= 1).all(), steps
+
+
 @pytest.mark.parametrize("overrides, words", [
-    (["group=deepnorm"], "model.arch decoder_only or encoder_only"),
+    (["group=preln"], "group.residual postln or deepnorm"),
     ([*LM, "group=preln"], "preln"),
     ([*LM, "group=deepnorm", "probe.enabled=false"], "probe.enabled=true"),
 ])

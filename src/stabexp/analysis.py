@@ -414,22 +414,40 @@ def lr_sensitivity_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFr
 # --- DeepNet's bound on the model update (probes/update_bound.py) --------------------------
 
 def update_bound_steps(metrics: pd.DataFrame, bound: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """Per run and probe step: Theorem 4.1's right-hand side (the sum of the sublayers' terms,
-    in the operator-norm reading, and `bound_gain` in the Xavier-gain one), the measured model
-    update relative to ||F(x, theta_0)|| per token, and bound / measured (>= 1: the bound holds)."""
-    columns = ["run", "group", "depth", "seed", "step", "bound", "bound_gain", "measured", "ratio", "ratio_gain"]
+    """Per run and probe step: DeepNet's right-hand side (`bound` in the operator-norm reading,
+    `bound_gain` in the Xavier-gain one), the measured model update relative to ||F(x, theta_0)||
+    per token, and bound / measured (>= 1: the bound holds).
+
+    A single stack sums its sublayers' terms (Theorem 4.1). An encoder-decoder run (rows of both
+    stacks) is Theorem 4.3's: the decoder's terms, plus the encoder's sum (`encoder_bound`) times
+    `cross_gain`, sum over the cross-attentions of v w / alpha_d (probes/update_bound.py)."""
+    columns = ["run", "group", "depth", "seed", "step", "bound", "bound_gain", "measured", "ratio", "ratio_gain",
+               "encoder_bound", "cross_gain"]
     if bound.empty:
         return pd.DataFrame(columns=columns)
-    sums = bound.groupby(["run", "group", "depth", "seed", "step"], as_index=False)[["term", "term_gain"]].sum()
+    keys = ["run", "group", "depth", "seed", "step"]
+    two_stacks = bound.groupby("run")["stack"].transform("nunique") > 1
+    sums = {}
+    for suffix in ("", "_gain"):
+        # The encoder's sum is what a two-stack run's cross-attentions carry; a single stack's
+        # rows (whatever its stack is called) all add to the bound directly.
+        inner = bound[two_stacks & (bound["stack"] == "encoder")].groupby(keys)[f"term{suffix}"].sum()
+        outer = bound[~(two_stacks & (bound["stack"] == "encoder"))].groupby(keys)[f"term{suffix}"].sum()
+        cross = bound[bound.sublayer == "cross_attn"]
+        gain = (cross[f"v{suffix}"] * cross[f"w{suffix}"] / cross.alpha).groupby([cross[k] for k in keys]).sum()
+        sums[f"bound{suffix}"] = outer.add(inner * gain, fill_value=0)
+        sums[f"encoder_bound{suffix}"], sums[f"cross_gain{suffix}"] = inner, gain
+    frame = pd.DataFrame(sums).reset_index()
     norm = runs.set_index("run").features_init_norm
     update = metrics[["run", "step", "model_update"]].dropna()
-    frame = sums.merge(update, on=["run", "step"])
+    frame = frame.merge(update, on=["run", "step"])
     frame = frame[frame.step > 0]
     measured = frame.model_update / frame.run.map(norm)
     return pd.DataFrame({"run": frame.run, "group": frame.group, "depth": frame.depth, "seed": frame.seed,
-                         "step": frame.step, "bound": frame.term, "bound_gain": frame.term_gain,
-                         "measured": measured, "ratio": frame.term / measured,
-                         "ratio_gain": frame.term_gain / measured}, columns=columns)
+                         "step": frame.step, "bound": frame.bound, "bound_gain": frame.bound_gain,
+                         "measured": measured, "ratio": frame.bound / measured,
+                         "ratio_gain": frame.bound_gain / measured, "encoder_bound": frame.encoder_bound,
+                         "cross_gain": frame.cross_gain}, columns=columns)
 
 
 def update_bound_table(steps: pd.DataFrame, at=(1, 10, 100)) -> pd.DataFrame:

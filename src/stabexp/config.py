@@ -252,8 +252,9 @@ class ProbeConfig:
     # The eval-loss increase of skipping each layer (probes/layer_importance.py), into
     # layer_importance.csv at init and at the end: one eval pass per layer each time.
     layer_importance: bool = False
-    # DeepNet's Theorem 4.1 bound on the model update (probes/update_bound.py), per sublayer at
-    # each probe step, into update_bound.csv: single-stack Post-LN / DeepNorm models only.
+    # DeepNet's Theorem 4.1 (one stack) / 4.3 (encoder-decoder) bound on the model update
+    # (probes/update_bound.py), per sublayer at each probe step, into update_bound.csv: Post-LN
+    # and DeepNorm placements only.
     update_bound: bool = False
 
 
@@ -473,10 +474,10 @@ def validate(cfg: DictConfig) -> None:
           "HybridNorm adds its FFN branch to the normalised stream, LN(x) + G, which the decomposition does not follow")
     _need(not p.dependency or norm != "dyt", "probe.dependency", p.dependency,
           "model.norm=dyt: a tanh does not carry a sum of parts through it as a norm does")
-    _need(not p.update_bound or (m.arch in ("decoder_only", "encoder_only") and placements <= {"postln", "deepnorm"}),
+    _need(not p.update_bound or (m.arch != "normmlp" and placements <= {"postln", "deepnorm"}),
           "probe.update_bound", p.update_bound,
-          f"Theorem 4.1 bounds a single stack of x <- LN(alpha x + G(x)): model.arch decoder_only or "
-          f"encoder_only with group.residual postln or deepnorm (here {m.arch}, {', '.join(sorted(placements))})")
+          f"DeepNet's Theorems 4.1 and 4.3 bound stacks of x <- LN(alpha x + G(x)): group.residual postln "
+          f"or deepnorm on a Transformer (here {m.arch}, {', '.join(sorted(placements))})")
     _need(m.arch != "normmlp" or not p.layer_importance, "probe.layer_importance", p.layer_importance,
           "skips Transformer layers, and model=normmlp has none")
     _need(p.enabled or not p.update_bound, "probe.update_bound", p.update_bound, "needs probe.enabled=true")

@@ -256,14 +256,16 @@ def cost_section(runs: pd.DataFrame) -> List[str]:
 
 
 def update_bound_section(tables) -> List[str]:
-    """DeepNet Theorem 4.1's bound against the measured model update (probe.update_bound)."""
+    """DeepNet Theorem 4.1's (4.3's on an encoder-decoder) bound against the measured model
+    update (probe.update_bound)."""
     bound = tables.get("update_bound", pd.DataFrame())
     if bound.empty:
         return []
     table = update_bound_table(update_bound_steps(tables["metrics"], bound, tables["runs"]))
     table = _in_group_order(table, ["rank", "depth"])
     return ["", "DeepNet Theorem 4.1: the bound sum_i sqrt(v_i^2 + w_i^2) / alpha ||theta_i - theta_i,0|| "
-            "(operator norms; probes/update_bound.py) against the measured model update relative to "
+            "(operator norms; on an encoder-decoder Theorem 4.3's, the encoder's sum carried by the "
+            "cross-attentions' v w / alpha_d plus the decoder's terms; probes/update_bound.py) against the measured model update relative to "
             "||F(x, theta_0)||, at steps 1, 10 and 100 (mean over seeds); over every probe step the smallest "
             "and the median bound / measured (the bound holds where min_ratio >= 1), and the smallest in the "
             "Xavier-gain reading (min_ratio_gain).", "",

@@ -26,6 +26,18 @@ The bound is a statement about a normalised F, so it is compared with the model 
 to F's own size: model_update / ||F(x, theta_0)|| per token (stabexp.analysis,
 `update_bound_table`).
 
+Theorem 4.3, the encoder-decoder form, is built from the same pieces. The encoder's output
+F_e is bounded as above with alpha_e over its 2N sublayers; each decoder cross-attention carries
+a change of F_e into the decoder through its V and O, a gain v_c w_c / alpha_d (G = v w F_e: the
+product, not the root of the squares, since the input moves and not the weights); and the 3M
+decoder sublayers add their own terms with alpha_d:
+
+    ||dF_ed|| <= sum_j^M v_cj w_cj / alpha_d * sum_i^2N sqrt(v_ei^2 + w_ei^2) / alpha_e ||dtheta_ei||
+                 + sum_j^3M sqrt(v_dj^2 + w_dj^2) / alpha_d ||dtheta_dj||.
+
+The rows are the same for both forms (a cross-attention row's term is its own parameter change's
+part, v and w its V and O); the sums are stabexp.analysis's (`update_bound_steps`).
+
 One file, update_bound.csv: a row per (probe step, sublayer) with alpha, v, w, the parameter
 change and the sublayer's term of the sum, in both readings.
 """
@@ -40,7 +52,7 @@ import torch
 COLUMNS = ["step", "stack", "layer", "sublayer", "alpha", "v", "w", "param_change", "term",
            "v_gain", "w_gain", "param_change_gain", "term_gain"]
 # The two matrices of each sublayer's G = v w x (DeepNet Sec. 4.2).
-SCALED = {"self_attn": ("v", "o"), "ffn": ("w1", "w2")}
+SCALED = {"self_attn": ("v", "o"), "cross_attn": ("v", "o"), "ffn": ("w1", "w2")}
 
 
 def xavier_norm(w: torch.Tensor) -> float:
@@ -50,7 +62,7 @@ def xavier_norm(w: torch.Tensor) -> float:
 
 
 class UpdateBound:
-    """The right-hand side of Theorem 4.1 for a single-stack model, term by term."""
+    """The terms of Theorem 4.1 (a single stack) or 4.3 (encoder-decoder), sublayer by sublayer."""
 
     def __init__(self, model, init: Optional[List[torch.Tensor]] = None):
         self.keys: List[Tuple[str, int, str]] = []
