@@ -17,7 +17,7 @@ STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 PRESETS := admin_output_change grad_at_init admin_clinic deepnet_early deepnet_depth depth_table smd \
            deepnet_depth_paper deepnet_early_paper multi30k_table lm_depth lr_sensitivity \
            admin_grad_vanishing admin_dependency admin_hybrid admin_grid admin_rezero \
-           deepnet_bound deepnet_depth_law deepnet_lm_depth deepnet_bleu_depth deepnet_robustness \
+           deepnet_bound deepnet_bound_encdec deepnet_depth_law deepnet_lm_depth deepnet_bleu_depth deepnet_robustness \
            deepnet_1000_layers lm_1000_layers curse_of_depth lr_sensitivity_2025 lr_sensitivity_muon
 SCALE   ?= default
 

@@ -18,9 +18,12 @@ STYLE = {"deepnorm": "-", "postln_init": "--"}
 
 
 def draw(cells, curves):
-    # The unchanged cell is the recipe's own 18L-18L run, or the preset's robustness=base.
-    curves = curves.assign(setting=curves.setting.replace("robustness=base", ""))
+    # The unchanged cell is the preset's robustness=base, or where a group has none the recipe's
+    # own 18L-18L run (the same settings, run by another preset).
     curves = curves[curves.group.isin(STYLE) & (curves.depth == curves.depth.max())]
+    has_base = set(curves[curves.setting == "robustness=base"].group)
+    curves = curves[~((curves.setting == "") & curves.group.isin(has_base))]
+    curves = curves.assign(setting=curves.setting.replace("robustness=base", ""))
     if curves.empty or curves.setting.nunique() < 2:
         return None
     fig, panels = plt.subplots(1, 3, figsize=(FIGSIZE_PER_PANEL[0] * 3, FIGSIZE_PER_PANEL[1]), sharey=True)

@@ -27,7 +27,7 @@ TRAINS = {"deepnet_early", "deepnet_depth", "depth_table", "smd", "multi30k_tabl
           "deepnet_depth_paper", "lm_depth", "lr_sensitivity", "admin_hybrid", "admin_grid", "admin_dependency",
           "admin_rezero", "deepnet_bleu_depth", "deepnet_depth_law", "deepnet_bound", "deepnet_1000_layers",
           "lm_1000_layers", "deepnet_lm_depth", "deepnet_robustness", "curse_of_depth", "lr_sensitivity_2025",
-          "lr_sensitivity_muon"}
+          "lr_sensitivity_muon", "deepnet_bound_encdec"}
 # Presets on Multi30k: the toy corpus stands in for it.
 ON_MULTI30K = {"multi30k_table", "admin_clinic", "deepnet_early_paper", "deepnet_depth_paper", "admin_rezero",
                "deepnet_bleu_depth", "deepnet_robustness"}
@@ -38,7 +38,7 @@ NARROWER = {"depth_table": ["depth=2,3"], "grad_at_init": ["seed=0,1,2"], "admin
             "admin_rezero": ["group=rezero,admin"], "deepnet_bleu_depth": ["group=deepnorm,postln,t_fixup", "depth=2"],
             "deepnet_depth_law": ["depth=2,4"], "deepnet_lm_depth": ["group=postln,admin,fixup,deepnorm", "depth=2"],
             "deepnet_robustness": ["group=deepnorm"], "curse_of_depth": ["group=preln,peri_ln,mix_ln", "depth=4"],
-            "lr_sensitivity_2025": ["group=preln,peri_ln"]}
+            "lr_sensitivity_2025": ["group=preln,peri_ln"], "deepnet_bound_encdec": ["depth=2"]}
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_collected_table_has_one_row_per_run_and_step(quick_outputs):
     assert counts["deepnet_bound"] == 3 * 2 and counts["deepnet_1000_layers"] == 3 and counts["lm_1000_layers"] == 3
     assert counts["deepnet_lm_depth"] == 4 and counts["deepnet_robustness"] == 3
     assert counts["curse_of_depth"] == 3 and counts["lr_sensitivity_2025"] == 2 * 2
-    assert counts["lr_sensitivity_muon"] == 2 * 2
+    assert counts["lr_sensitivity_muon"] == 2 * 2 and counts["deepnet_bound_encdec"] == 3
     lm = runs[runs.experiment.isin(["lm_depth", "lr_sensitivity"])]
     assert lm.task.eq("lm").all() and lm.decoder_depth.isna().all()
     paper_recipe = runs[runs.experiment.str.endswith("_paper")]

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from stabexp.analysis import lr_sensitivity_table, run_setting  # noqa: E402
+from stabexp.analysis import lr_sensitivity_table, run_setting, update_bound_steps  # noqa: E402
 from stabexp.plotting.collect import RUN_FILES, Tables  # noqa: E402
 
 # The first six keep the colours of the figures made before the other Table 1 rows arrived.
@@ -300,5 +300,41 @@ def lr_sensitivity_figure(tables):
         ax.set_title(title, fontsize=9)
     axes[1].set_yscale("log")
     axes[2].legend(fontsize=5.5)
+    fig.tight_layout()
+    return fig
+
+
+def update_bound_figure(tables):
+    """DeepNet Theorem 4.1 / 4.3 measured (probe.update_bound): left, the bound (solid) and the
+    model update relative to ||F(x, theta_0)|| (dashed) over the steps of the deepest runs; right,
+    both at the first probe step against depth (where every depth's sublayers moved alike), a
+    line per group."""
+    steps = update_bound_steps(tables["metrics"], tables["update_bound"], tables["runs"])
+    if steps.empty:
+        return None
+    fig, (over, depth) = plt.subplots(1, 2, figsize=(FIGSIZE_PER_PANEL[0] * 2.2, FIGSIZE_PER_PANEL[1]))
+    deepest = steps[steps.depth == steps.depth.max()]
+    first = steps[steps.step == steps.step.min()]
+    for group in ordered_groups(steps.group):
+        color = group_color(group)
+        rows = deepest[deepest.group == group].groupby("step")[["bound", "measured"]].mean()
+        over.plot(rows.index, rows.bound, "-", color=color, label=f"{group} bound")
+        over.plot(rows.index, rows.measured, "--", color=color, label=f"{group} measured")
+        at_first = first[first.group == group].groupby("depth")[["bound", "measured"]].mean()
+        depth.plot(at_first.index, at_first.bound, "o-", color=color, label=f"{group} bound", ms=4)
+        depth.plot(at_first.index, at_first.measured, "s--", color=color, mfc="none", label=f"{group} measured", ms=4)
+    over.set_title(f"{int(steps.depth.max())} layers", fontsize=9)
+    over.set_xlabel("step")
+    depth.set_xlabel("layers")
+    depth.set_title(f"at step {int(first.step.min())}", fontsize=9)
+    over.set_xscale("log")
+    for ax in (over, depth):
+        ax.set_yscale("log")
+        ax.set_ylabel("model update / ||F(x, theta_0)||")
+        ax.legend(fontsize=6)
+    depth.set_xscale("log")
+    depths = sorted(steps.depth.unique())
+    depth.set_xticks(depths, [str(int(d)) for d in depths])
+    depth.minorticks_off()
     fig.tight_layout()
     return fig
