@@ -50,19 +50,24 @@ docs-figures:
 	mkdir -p docs/figures
 	cp outputs/figures/*.png docs/figures/
 
+# Two pytest workers (pytest-xdist), a test file per worker at a time (module fixtures run once),
+# torch at one thread each: the tiny models gain nothing from a second thread, and two workers of
+# two threads on two cores slow each other down.
+PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+
 # torchscale (Microsoft's DeepNet code) for tests/test_crosscheck.py, without its dependencies:
 # its timm pulls torchvision, and scripts/crosscheck_torchscale.py stands in for timm's drop_path.
 test:
 	$(MAKE) install EXTRAS=test,launchers
 	$(BIN)/python -c "import torchscale, fairscale" 2>/dev/null || $(BIN)/pip install -q --no-deps torchscale==0.3.0 fairscale==0.4.0
-	$(BIN)/python -m pytest tests
+	$(PYTEST) tests
 
 # The edit loop: everything but the end-to-end, install, subprocess-signal and compile tests
 # (the `slow` marker, tests/conftest.py), in under 3 minutes on 2 cores.
 test-fast:
 	$(MAKE) install EXTRAS=test,launchers
 	$(BIN)/python -c "import torchscale, fairscale" 2>/dev/null || $(BIN)/pip install -q --no-deps torchscale==0.3.0 fairscale==0.4.0
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(PYTEST) tests -m "not slow"
 
 plots: install
 	$(BIN)/python scripts/make_plots.py
