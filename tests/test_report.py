@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from stabexp.report import main, sweep_table
 from stabexp.train.trainer import train
 
@@ -31,3 +33,27 @@ def test_report_on_a_missing_folder_is_one_line(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope" in err[0]
+
+
+def test_settings_of_one_cell_are_a_table_with_their_spread():
+    import pandas as pd
+
+    from stabexp.analysis import setting_table
+    from stabexp.report import settings_section
+
+    overrides = ["experiment=x__group=deepnorm__robustness=base", "experiment=x__group=deepnorm__robustness=lr_x0.5",
+                 "experiment=x__group=deepnorm__robustness=lr_x0.5__seed=1", "experiment=x__group=postln__robustness=base",
+                 "experiment=x__group=postln__robustness=lr_x0.5"]
+    runs = pd.DataFrame({"run": [f"r{i}" for i in range(5)], "group": ["deepnorm"] * 3 + ["postln"] * 2,
+                         "depth": 18, "status": ["completed"] * 4 + ["diverged"], "overrides": overrides,
+                         "final_eval_loss": [3.5, 4.0, 4.2, 3.4, None], "test_bleu": [15.0, 9.0, 8.0, 16.0, None]})
+    table = setting_table(runs).set_index(["group", "setting"])
+    assert table.loc[("deepnorm", "robustness=lr_x0.5"), "runs"] == 2  # the seeds of a setting are one cell
+    assert table.loc[("deepnorm", "robustness=lr_x0.5"), "final_eval_loss"] == pytest.approx(4.1)
+    assert table.loc[("deepnorm", "robustness=base"), "spread"] == pytest.approx(0.6)
+    assert ("postln", "robustness=lr_x0.5") not in table.index  # a diverged run has no final loss
+    lines = settings_section(runs)
+    assert "| group | depth | robustness=base | robustness=lr_x0.5 | spread |" in lines
+    assert "| deepnorm | 18 | 3.500 (15.00) | 4.100 (8.50) | 0.600 |" in lines
+    assert "| postln | 18 | 3.400 (16.00) | - | 0.000 |" in lines
+    assert settings_section(runs[runs.group == "postln"]) == []  # one setting per cell: nothing to compare

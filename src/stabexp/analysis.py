@@ -411,6 +411,29 @@ def lr_sensitivity_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFr
     return table.reset_index(drop=True)
 
 
+def setting_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per group, depth and setting (what a run's overrides change besides group, depth, seed,
+    lr, experiment and scale, e.g. "robustness=lr_x0.5"; "(defaults)" for none), over its
+    completed runs: the mean final eval loss and test BLEU, and per group and depth the spread
+    (largest minus smallest) of the settings' losses. DeepNet Fig. 7 changes one
+    hyper-parameter at a time and reads how far the result moves."""
+    columns = ["group", "depth", "setting", "runs", "final_eval_loss", "test_bleu", "spread"]
+    done = runs[runs.status == "completed"]
+    if done.empty:
+        return pd.DataFrame(columns=columns)
+    setting = done.apply(run_setting, axis=1).map(
+        lambda s: " ".join(p for p in s.split() if not p.startswith(("group=", "depth=", "seed="))) or "(defaults)")
+    bleu = done.test_bleu if "test_bleu" in done else pd.Series(np.nan, index=done.index)
+    frame = pd.DataFrame({"group": done.group, "depth": done.depth, "setting": setting,
+                          "final_eval_loss": done.final_eval_loss, "test_bleu": bleu})
+    table = (frame.groupby(["group", "depth", "setting"], sort=False)
+             .agg(runs=("final_eval_loss", "size"), final_eval_loss=("final_eval_loss", "mean"),
+                  test_bleu=("test_bleu", "mean")).reset_index())
+    by_cell = table.groupby(["group", "depth"]).final_eval_loss
+    table["spread"] = by_cell.transform("max") - by_cell.transform("min")
+    return table[columns]
+
+
 # --- DeepNet's bound on the model update (probes/update_bound.py) --------------------------
 
 def update_bound_steps(metrics: pd.DataFrame, bound: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:

@@ -33,6 +33,7 @@ from stabexp.analysis import (
     final_max_logit,
     layer_importance_table,
     stream_growth,
+    setting_table,
     update_bound_steps,
     update_bound_table,
     vanishing_table,
@@ -225,8 +226,33 @@ def sweep_table(sweep_dir: Path) -> str:
                          f" ({first[f'{rule}_eval_acc']:.3f}).")
     text = f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")
     extra = [] if at_init else depth_law_section(runs) + cost_section(runs)
-    return text + "\n".join(["", *fits_section(tables), *extra, *update_bound_section(tables),
-                             *layer_importance_section(tables)])
+    return text + "\n".join(["", *fits_section(tables), *settings_section(runs), *extra,
+                             *update_bound_section(tables), *layer_importance_section(tables)])
+
+
+def settings_section(runs: pd.DataFrame) -> List[str]:
+    """The runs of a cell that differ in one more override (DeepNet Fig. 7's one change at a
+    time): final loss (test BLEU) per setting, and how far the settings spread."""
+    table = setting_table(runs)
+    if table.empty or table.groupby(["group", "depth"]).setting.nunique().max() < 2:
+        return []
+    translated = table.test_bleu.notna().any()
+    settings = list(dict.fromkeys(table.setting))
+    lines = ["", "Per setting (the overrides besides group, depth and seed): final validation loss"
+             + (" (test BLEU)" if translated else "") + " over the completed runs, and the spread "
+             "(largest minus smallest loss) over the settings.", "",
+             "| group | depth | " + " | ".join(settings) + " | spread |", "|---|---|" + "---|" * (len(settings) + 1)]
+    for (group, depth), rows in table.groupby(["group", "depth"], sort=False):
+        by_setting = rows.set_index("setting")
+        cells = []
+        for name in settings:
+            if name not in by_setting.index:
+                cells.append("-")
+                continue
+            r = by_setting.loc[name]
+            cells.append(f"{r.final_eval_loss:.3f}" + (f" ({r.test_bleu:.2f})" if translated else ""))
+        lines.append(f"| {group} | {int(depth)} | " + " | ".join(cells) + f" | {rows.spread.iloc[0]:.3f} |")
+    return lines
 
 
 def depth_law_section(runs: pd.DataFrame) -> List[str]:
