@@ -10,10 +10,13 @@ import matplotlib.pyplot as plt
 from stabexp.plotting.figures import FIGSIZE_PER_PANEL, cells_main
 
 EXPERIMENT, RECIPE = "deepnet_robustness", "multi30k_table"
-AXES = {"learning rate": {"robustness=lr_x0.5": "lr x 0.5", "": "lr 1e-3", "robustness=lr_x1.5": "lr x 1.5"},
-        "batch": {"": "2048 tokens", "robustness=batch_x2": "x 2", "robustness=batch_x4": "x 4"},
-        "width": {"": "64", "robustness=width_96": "96", "robustness=width_128": "128"}}
-COLORS = ("#1b9e77", "#333333", "#d95f02")
+# The unchanged recipe in grey on every panel, a smaller value in green, larger ones in orange.
+BASE, SMALLER, LARGER, LARGEST = "#333333", "#1b9e77", "#d95f02", "#7570b3"
+AXES = {"learning rate": {"robustness=lr_x0.5": ("lr x 0.5", SMALLER), "": ("lr 1e-3", BASE),
+                          "robustness=lr_x1.5": ("lr x 1.5", LARGER)},
+        "batch": {"": ("2048 tokens", BASE), "robustness=batch_x2": ("x 2", LARGER),
+                  "robustness=batch_x4": ("x 4", LARGEST)},
+        "width": {"": ("64", BASE), "robustness=width_96": ("96", LARGER), "robustness=width_128": ("128", LARGEST)}}
 STYLE = {"deepnorm": "-", "postln_init": "--"}
 
 
@@ -28,7 +31,7 @@ def draw(cells, curves):
         return None
     fig, panels = plt.subplots(1, 3, figsize=(FIGSIZE_PER_PANEL[0] * 3, FIGSIZE_PER_PANEL[1]), sharey=True)
     for ax, (title, variants) in zip(panels, AXES.items()):
-        for color, (setting, label) in zip(COLORS, variants.items()):
+        for setting, (label, color) in variants.items():
             for group, style in STYLE.items():
                 rows = curves[(curves.setting == setting) & (curves.group == group) & (curves.step > 0)]
                 if not rows.empty:
