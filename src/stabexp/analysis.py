@@ -382,18 +382,35 @@ def lr_sensitivity(final_losses, loss_0: float) -> float:
     return float((clipped - clipped.min()).mean())
 
 
+NOT_A_SETTING = ("group=", "depth=", "seed=", "experiment=", "scale=")  # a sweep's cell, or its preset
+
+
+def setting(overrides, besides=()) -> str:
+    """A run's overrides ("__"-joined, as in Hydra's record or a run folder's name) other than
+    its cell's (group, depth, seed), its preset's (experiment, scale) and the `besides` keys'
+    ("" when none): what it changes of the recipe."""
+    if not isinstance(overrides, str):
+        return ""
+    drop = NOT_A_SETTING + tuple(f"{key}=" for key in besides)
+    return " ".join(p for p in overrides.split("__") if p and not p.startswith(drop))
+
+
+def run_overrides(run: pd.Series) -> str:
+    """A collected run's overrides: as recorded, else from its folder's name (which is cut and
+    hashed when long, so only the fallback)."""
+    overrides = run.get("overrides")
+    return overrides if isinstance(overrides, str) else str(run.run).replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def lr_setting(overrides: str) -> str:
-    """What a run of an lr sweep holds fixed besides the lr: its overrides ("__"-joined, as in
-    Hydra's record or a run folder's name) without train.lr, experiment and scale."""
+    """What a run of an lr sweep holds fixed besides the lr (its group and depth included)."""
     kept = [p for p in str(overrides).split("__") if not p.startswith(("train.lr=", "experiment=", "scale="))]
     return " ".join(kept) or "(defaults)"
 
 
 def run_setting(run: pd.Series) -> str:
-    """lr_setting of a collected run: from its recorded overrides, else from its folder's name
-    (which is cut and hashed when long, so only the fallback)."""
-    overrides = run.get("overrides")
-    return lr_setting(overrides if isinstance(overrides, str) else str(run.run).replace("\\", "/").rsplit("/", 1)[-1])
+    """lr_setting of a collected run."""
+    return lr_setting(run_overrides(run))
 
 
 def lr_sensitivity_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
@@ -421,10 +438,9 @@ def setting_table(runs: pd.DataFrame) -> pd.DataFrame:
     done = runs[runs.status == "completed"]
     if done.empty:
         return pd.DataFrame(columns=columns)
-    setting = done.apply(run_setting, axis=1).map(
-        lambda s: " ".join(p for p in s.split() if not p.startswith(("group=", "depth=", "seed="))) or "(defaults)")
+    settings = done.apply(lambda run: setting(run_overrides(run), besides=("train.lr",)) or "(defaults)", axis=1)
     bleu = done.test_bleu if "test_bleu" in done else pd.Series(np.nan, index=done.index)
-    frame = pd.DataFrame({"group": done.group, "depth": done.depth, "setting": setting,
+    frame = pd.DataFrame({"group": done.group, "depth": done.depth, "setting": settings,
                           "final_eval_loss": done.final_eval_loss, "test_bleu": bleu})
     table = (frame.groupby(["group", "depth", "setting"], sort=False)
              .agg(runs=("final_eval_loss", "size"), final_eval_loss=("final_eval_loss", "mean"),
@@ -459,7 +475,8 @@ def update_bound_steps(metrics: pd.DataFrame, bound: pd.DataFrame, runs: pd.Data
         cross = bound[bound.sublayer == "cross_attn"]
         gain = (cross[f"v{suffix}"] * cross[f"w{suffix}"] / cross.alpha).groupby([cross[k] for k in keys]).sum()
         sums[f"bound{suffix}"] = outer.add(inner * gain, fill_value=0)
-        sums[f"encoder_bound{suffix}"], sums[f"cross_gain{suffix}"] = inner, gain
+        if not suffix:  # Theorem 4.3's two factors, in the operator-norm reading
+            sums["encoder_bound"], sums["cross_gain"] = inner, gain
     frame = pd.DataFrame(sums).reset_index()
     norm = runs.set_index("run").features_init_norm
     update = metrics[["run", "step", "model_update"]].dropna()

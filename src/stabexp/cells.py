@@ -21,6 +21,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from stabexp.analysis import setting
 from stabexp.plotting.collect import collect
 
 KEY = ["recipe", "group", "depth", "decoder_depth", "seed", "setting"]
@@ -28,14 +29,6 @@ COLUMNS = KEY + ["experiment", "task", "status", "steps_done", "diverged_at_step
                  "test_loss", "test_bleu", "valid_bleu", "wall_seconds", "s_per_step", "peak_memory_mib", "date"]
 CURVE_COLUMNS = KEY + ["step", "eval_loss", "valid_bleu"]
 FINISHED = ("completed", "diverged")
-_NOT_SETTING = ("group=", "depth=", "seed=", "experiment=", "scale=")
-
-
-def setting(overrides) -> str:
-    """A run's overrides besides those of the key and the preset ("" when none)."""
-    if not isinstance(overrides, str):
-        return ""
-    return " ".join(p for p in overrides.split("__") if p and not p.startswith(_NOT_SETTING))
 
 
 def _finished(runs: pd.DataFrame) -> pd.DataFrame:

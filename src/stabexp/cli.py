@@ -8,6 +8,7 @@ is one line naming the bad value, never a traceback.
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -42,22 +43,34 @@ def _hydra_main():
         from stabexp.train.files import RunLocked
         from stabexp.train.stop import RunStopped
 
+        from stabexp import distributed
+
         out_dir = Path(HydraConfig.get().runtime.output_dir)
+        if distributed.launched():
+            distributed.setup(device_of_args(cfg.train.device))  # K srun tasks of a submitit job enter here
+            # One folder for all ranks: rank 0's (ranks > 0 keep Hydra's own files elsewhere).
+            out_dir = distributed.broadcast(out_dir)
+            if not distributed.is_rank0():
+                logging.getLogger("stabexp").setLevel(logging.WARNING)
+                # Under submitit every task has Hydra's log file open: rank 0's alone writes it.
+                for handler in [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]:
+                    logging.getLogger().removeHandler(handler)
+        say = print if distributed.is_rank0() else (lambda *a, **k: None)  # one line, from rank 0
         try:
             summary = train(cfg, out_dir)
         except ConfigError as err:
-            print(f"stabexp: error: {err}", file=sys.stderr)
+            say(f"stabexp: error: {err}", file=sys.stderr)
             sys.exit(2)
         except RunLocked as err:
             if str(HydraConfig.get().mode) in ("MULTIRUN", "RunMode.MULTIRUN"):
                 # Another process runs this job (two launches of one sweep share the work).
                 log.warning("skipped: %s", err)
                 return
-            print(f"stabexp: error: {err}", file=sys.stderr)
+            say(f"stabexp: error: {err}", file=sys.stderr)
             sys.exit(2)
         except RunStopped as stop:
-            print(f"stabexp: stopped by {stop}: {out_dir} has a checkpoint; the same command resumes it",
-                  file=sys.stderr)
+            say(f"stabexp: stopped by {stop}: {out_dir} has a checkpoint; the same command resumes it",
+                file=sys.stderr)
             sys.exit(128 + stop.signum)
         eval_loss, bleu = summary.get("final_eval_loss"), summary.get("test_bleu")
         log.info("%s: %s after %s steps, eval loss %s%s, results in %s", summary["group"],
@@ -68,9 +81,52 @@ def _hydra_main():
     return run
 
 
+def device_of_args(device: str) -> str:
+    """The device type a run on K processes communicates on: cuda (nccl) or cpu (gloo)."""
+    import torch
+
+    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
 def cmd_run(args: List[str]) -> int:
+    from stabexp import distributed
+
+    if not distributed.launched():
+        return _cmd_run(args)
+    # torchrun (or srun) started K of us: one run on K processes (docs/scale.md).
+    device = next((a.split("=", 1)[1] for a in args if a.startswith("train.device=")), "auto")
+    distributed.setup(device_of_args(device))
     try:
-        ours, hydra_overrides, multirun, wants_help, _, run_dir = preflight(args)
+        return _cmd_run(args)
+    finally:
+        distributed.teardown()
+
+
+def _preflight_on_ranks(args: List[str]):
+    """preflight, on K processes: rank 0 checks the command and fetches the data, the others
+    then check it with the data in place; a bad command is rank 0's one line."""
+    from stabexp import distributed
+
+    checked, error = None, None
+    if distributed.is_rank0():
+        try:
+            checked = preflight(args)
+            if any("${now:" in h for h in checked.hydra_overrides) and distributed.world() > 1:
+                raise ConfigError("a run folder named by ${now:...} would differ between the processes of one "
+                                  "run: give hydra.run.dir (or hydra.sweep.dir) a fixed path")
+        except ConfigError as err:
+            error = str(err)
+    error = distributed.broadcast(error)
+    if error is not None:
+        raise ConfigError(error) if distributed.is_rank0() else SystemExit(2)
+    return checked if distributed.is_rank0() else preflight(args, prepare_data=False)
+
+
+def _cmd_run(args: List[str]) -> int:
+    from stabexp import distributed
+
+    try:
+        ours, hydra_overrides, multirun, wants_help, _, run_dir = _preflight_on_ranks(args)
     except ConfigError as err:
         print(f"stabexp: error: {err}", file=sys.stderr)
         return 2
@@ -89,15 +145,30 @@ def cmd_run(args: List[str]) -> int:
         given = [h[len(key):].strip("'\"") for h in hydra_overrides if h.startswith(key)]
         folder = Path(given[0]) if given else sweep_dir if multirun else run_dir
         try:
-            if "${" not in str(folder):  # an interpolation only Hydra resolves: it makes the folder
+            if "${" not in str(folder) and distributed.is_rank0():  # an interpolation only Hydra resolves
                 make_folder(folder, "sweep folder" if multirun else "run folder")
         except ConfigError as err:
             print(f"stabexp: error: {err}", file=sys.stderr)
             return 2
+    if not distributed.is_rank0():
+        # Hydra's own files (.hydra/, the log file, a sweep's multirun.yaml) come from rank 0:
+        # the other ranks log to the terminal and keep a sweep's bookkeeping in a temp folder.
+        extra += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+        if multirun:
+            import tempfile
+
+            extra = [e for e in extra if not e.startswith("hydra.sweep.dir=")]
+            args = [a for a in args if not a.startswith("hydra.sweep.dir=")]
+            extra.append(f"hydra.sweep.dir='{tempfile.mkdtemp(prefix='stabexp-rank')}'")
     # Flags first, then every override in one run: Hydra's argparse takes the overrides as one
     # positional list, so an override after a flag (`... --cfg job hydra.sweep.dir=...`) is refused.
     sys.argv = ["stabexp", *flags_first(args), *extra]
-    _hydra_main()()
+    try:
+        _hydra_main()()
+    finally:
+        for e in extra:
+            if e.startswith("hydra.sweep.dir=") and not distributed.is_rank0():
+                shutil.rmtree(e.split("=", 1)[1].strip("'"), ignore_errors=True)
     return 0
 
 

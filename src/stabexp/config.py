@@ -189,6 +189,9 @@ class OptimConfig:
     decay_on: str = "matrices"  # matrices (and embeddings) only, or all parameters
 
 
+PARALLEL = ("none", "ddp", "fsdp")  # train.parallel: one process, DDP, FSDP2 (stabexp.distributed)
+
+
 @dataclass
 class TrainConfig:
     steps: int = 600            # optimiser steps
@@ -229,6 +232,10 @@ class TrainConfig:
     # whose largest logit of the step exceeded tau are scaled so it would be tau (Kimi K2: 100);
     # 0 = off.
     qk_clip_tau: float = 0.0
+    # One model on K processes (stabexp.distributed, docs/scale.md), launched by torchrun or
+    # srun: none (one process), ddp (DistributedDataParallel: every rank holds the model) or
+    # fsdp (FSDP2's fully_shard per layer: parameters, gradients and optimiser state sharded).
+    parallel: str = "none"
 
 
 @dataclass
@@ -328,6 +335,20 @@ def _check_finite(cfg: DictConfig, prefix: str = "") -> None:
             _check_finite(value, f"{prefix}{key}.")
         elif isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{prefix}{key}={value} is not allowed: it must be a finite number")
+
+
+def validate_world(cfg: DictConfig, world: int, grouped: bool) -> None:
+    """What a run on `world` processes (in a process group or not, stabexp.distributed) needs of
+    the config, checked on every rank alike, so all of them stop with the same line."""
+    tr = cfg.train
+    _need(grouped or tr.parallel == "none", "train.parallel", tr.parallel,
+          "needs a process group: torchrun --nproc-per-node=K -m stabexp run ... (or K srun tasks); "
+          "one process runs with train.parallel=none")
+    _need(world == 1 or tr.parallel != "none", "train.parallel", tr.parallel,
+          f"must be ddp or fsdp on {world} processes (with none each would train a model of its own)")
+    fixed = cfg.task.kind != "translation" or tr.max_tokens == 0
+    _need(not fixed or tr.batch_size % world == 0, "train.batch_size", tr.batch_size,
+          f"must be a multiple of the {world} processes (each trains on an equal share of every batch)")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -443,6 +464,17 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.clip_norm >= 0, "train.clip_norm", tr.clip_norm, "must be >= 0 (0 = off)")
     _need(tr.z_loss >= 0, "train.z_loss", tr.z_loss, "must be >= 0 (0 = off)")
     _need(tr.qk_clip_tau >= 0, "train.qk_clip_tau", tr.qk_clip_tau, "must be >= 0 (0 = off)")
+    _need(tr.parallel in PARALLEL, "train.parallel", tr.parallel, f"one of {', '.join(PARALLEL)}")
+    if tr.parallel == "fsdp":
+        # These read or rewrite whole weight matrices, which FSDP keeps as shards.
+        _need(o.name != "muon", "optim.name", o.name, "cannot be muon with train.parallel=fsdp (Newton-Schulz "
+              "needs whole matrices): use train.parallel=ddp")
+        _need(tr.qk_clip_tau == 0, "train.qk_clip_tau", tr.qk_clip_tau,
+              "must be 0 with train.parallel=fsdp (QK-Clip rescales rows of sharded W_q, W_k): use train.parallel=ddp")
+        for key in ("weights", "update_bound", "at_init", "dependency", "layer_importance"):
+            _need(not cfg.probe[key], f"probe.{key}", cfg.probe[key],
+                  "must be false with train.parallel=fsdp (this probe reads whole weight matrices): "
+                  "use train.parallel=ddp")
     if tr.qk_clip_tau > 0:
         _need(cfg.task.kind != "translation", "train.qk_clip_tau", tr.qk_clip_tau,
               "takes each head's largest logit over every query, and padded translation batches have "

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, NamedTuple, Tuple
 
-from stabexp.config import ConfigError, conf_dir, unknown_key_message, validate
+from stabexp import distributed
+from stabexp.config import ConfigError, conf_dir, unknown_key_message, validate, validate_world
 
 # Hydra flags that take a value, so the value is not read as an override.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
@@ -113,12 +114,13 @@ def _explain(override, line: str, err: Exception, config_dirs: List[Path] = ()) 
 
 
 def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = True,
-                    config_dirs: List[Path] = ()) -> Tuple[bool, Path]:
+                    config_dirs: List[Path] = (), launcher: List[str] = ()) -> Tuple[bool, Path]:
     """Compose and validate the config for each value every override takes, the sweep a preset
     declares (hydra.sweeper.params) included, and (prepare_data) fetch and check the data each
     distinct task needs; raise ConfigError. Return (multirun, the run folder Hydra would make for
 a single run), multirun True when the run is a multirun (-m, or a
-    preset that sets hydra.mode=MULTIRUN)."""
+    preset that sets hydra.mode=MULTIRUN). `launcher`: the command's hydra/launcher overrides
+    (the processes a job runs on)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -181,10 +183,13 @@ a single run), multirun True when the run is a multirun (-m, or a
             for i, c in enumerate(candidates):
                 for v in c[1:]:
                     to_check.append([*to_check[0][:i], v, *to_check[0][i + 1:]])
+            world, grouped = _world(compose_one([], [*first, *launcher], return_hydra_config=True).hydra
+                                    if launcher else hydra_cfg)
             tasks = {}
             for combo in to_check:
                 cfg = compose_one(parsed, combo)
                 validate(cfg)
+                validate_world(cfg, world, grouped)
                 tasks.setdefault(OmegaConf.to_yaml(cfg.task), cfg)
             if prepare_data:  # every value is good: now the data, once per task, before any job starts
                 for cfg in tasks.values():
@@ -192,6 +197,16 @@ a single run), multirun True when the run is a multirun (-m, or a
     finally:
         GlobalHydra.instance().clear()
     return multirun, run_dir
+
+
+def _world(hydra_cfg) -> Tuple[int, bool]:
+    """(processes, in a process group) each job will run on: this one's, or, when Hydra's
+    submitit launcher starts the jobs elsewhere, its nodes x tasks_per_node."""
+    launcher = hydra_cfg.launcher
+    if distributed.active() or "submitit" not in str(launcher.get("_target_", "")):
+        return distributed.world(), distributed.active()
+    tasks = int(launcher.get("nodes") or 1) * int(launcher.get("tasks_per_node") or 1)
+    return tasks, tasks > 1
 
 
 def _values_of(parsed, config_dirs: List[Path] = ()) -> List[List[str]]:
@@ -254,8 +269,9 @@ def preflight(args: List[str], prepare_data: bool = True) -> Checked:
         raise ConfigError("--cfg prints the config of one run and cannot go with -m: drop -m "
                           "(and give each swept key one value)")
     config_dirs = user_config_dirs(args)
+    launcher = [h for h in hydra_overrides if h.lstrip("+").startswith(("hydra/launcher", "hydra.launcher"))]
     multirun, run_dir = check_overrides(ours, multirun, prepare_data=prepare_data and not (prints_config or wants_help),
-                                        config_dirs=config_dirs)
+                                        config_dirs=config_dirs, launcher=launcher)
     return Checked(ours, hydra_overrides, multirun, wants_help, config_dirs, run_dir)
 
 

@@ -37,7 +37,7 @@ from stabexp.data.corpus import DataError, read_lines
 from stabexp.data.download import data_root
 from stabexp.data.streams import SeededStreams
 from stabexp.data.subwords import EOS, UNK, learn_or_load, tokenizer_caches
-from stabexp.data.task import IGNORE, Batch, to_device, token_stats
+from stabexp.data.task import IGNORE, Batch, score, to_device
 from stabexp.modes import eval_mode
 
 ROLES = ("train", "valid", "test")
@@ -189,7 +189,7 @@ class LanguageModelTask(SeededStreams):
 
     def _scores(self, model, batch: Batch) -> Dict[str, float]:
         with eval_mode(model):
-            nll, correct, tokens = token_stats(model, batch).tolist()
+            nll, correct, tokens = score(model, [batch]).tolist()
         loss = nll / tokens
         return {"loss": loss, "acc": correct / tokens, "ppl": math.exp(min(loss, 700.0))}
 

@@ -7,7 +7,7 @@ from typing import Dict, Optional
 
 import torch
 
-from stabexp.data.task import Batch, Task, token_stats
+from stabexp.data.task import Batch, Task, score
 from stabexp.modes import eval_mode
 
 
@@ -65,5 +65,5 @@ class SeededStreams(Task):
     def evaluate(self, model, step: int = 0) -> Dict[str, float]:
         """Teacher-forced loss and token accuracy on the fixed held-out batch."""
         with eval_mode(model):
-            nll, correct, tokens = token_stats(model, self.eval_batch()).tolist()
+            nll, correct, tokens = score(model, [self.eval_batch()]).tolist()
         return {"eval_loss": nll / tokens, "eval_acc": correct / tokens}

@@ -9,10 +9,12 @@ batches pads them with `pad_id` on the right; the loss and the probes skip those
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from stabexp import distributed
 
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 IGNORE = -100  # a target that is not predicted (masked LM's unmasked positions): PyTorch's ignore_index
@@ -48,6 +50,13 @@ class Task:
         label-smoothed (Szegedy et al. 2016; fairseq's label_smoothed_cross_entropy)."""
         return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), label_smoothing=self.label_smoothing,
                                ignore_index=IGNORE if self.pad_id is None else self.pad_id)
+
+    def loss_sum(self, logits: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
+        """`loss` summed instead of averaged over the real target tokens: on K processes each
+        rank's share of a batch contributes its sum over the whole batch's count, which adds up
+        to the one-process mean (stabexp.distributed)."""
+        return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), label_smoothing=self.label_smoothing,
+                               ignore_index=IGNORE if self.pad_id is None else self.pad_id, reduction="sum")
 
     def predicted(self, tgt_out: torch.Tensor) -> torch.Tensor:
         """(B, T) bool: the target positions the loss counts (not padding, not IGNORE)."""
@@ -89,6 +98,16 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
+
+@torch.no_grad()
+def score(model, batches: Sequence[Batch]) -> torch.Tensor:
+    """`token_stats` summed over `batches`. On K processes each rank scores its rows of every
+    batch and the three totals are summed across the ranks (one collective), so every rank
+    gets the whole split's numbers (stabexp.distributed)."""
+    stats = [token_stats(model, part) for part in map(distributed.rows, batches) if part[1].shape[0]]
+    total = torch.stack(stats).sum(0) if stats else torch.zeros(3, device=batches[0][1].device)
+    return distributed.sum_(total)
 
 
 @torch.no_grad()

@@ -16,11 +16,12 @@ from typing import Dict, Iterator, List, Sequence
 
 import torch
 
+from stabexp import distributed
 from stabexp.data.batching import BatchStream, collate, sources
 from stabexp.data.corpus import DataError, ParallelSplit, read_split
 from stabexp.data.download import CORPORA, data_root, ensure_corpus
 from stabexp.data.subwords import BOS, EOS, PAD, Subwords, learn_or_load, tokenizer_caches
-from stabexp.data.task import Task, token_stats
+from stabexp.data.task import Task, score
 from stabexp.modes import eval_mode
 from stabexp.model.generate import beam_search, greedy, max_output_len
 
@@ -177,13 +178,20 @@ class TranslationTask(Task):
     # --- evaluation -----------------------------------------------------------------------
 
     def _scores(self, model, batches) -> Dict[str, float]:
-        nll, correct, tokens = torch.stack([token_stats(model, b) for b in batches]).sum(0).tolist()
+        nll, correct, tokens = score(model, batches).tolist()
         loss = nll / tokens
         return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "acc": correct / tokens}
 
     @torch.no_grad()
     def translate(self, model, src: Sequence[Sequence[int]]) -> List[str]:
-        """Detokenised translations of source id lists, in their order (batched by length)."""
+        """Detokenised translations of source id lists, in their order (batched by length). On
+        K processes each rank decodes every K-th sentence and the translations are gathered."""
+        if distributed.world() > 1:
+            mine = self._translate(model, distributed.share_of(src))
+            return distributed.in_order(distributed.gather(mine), len(src))
+        return self._translate(model, src)
+
+    def _translate(self, model, src: Sequence[Sequence[int]]) -> List[str]:
         out: List[List[int]] = [[] for _ in src]
         for chunk in by_length([len(s) for s in src], self.cfg.eval_batch_size):
             x = sources([src[i] for i in chunk], EOS, PAD, self.device)
@@ -234,8 +242,9 @@ class TranslationTask(Task):
                 return scores
             hyps = self.translate(model, test.src)
         path = Path(out_dir) / "test_translations.tsv"
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-            writer.writerow(["source", "hypothesis", "reference"])
-            writer.writerows(zip(test.text.src, hyps, test.text.tgt))
+        if distributed.is_rank0():  # on K processes every rank has the gathered translations
+            with open(path, "w", newline="", encoding="utf-8") as f:
+                writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+                writer.writerow(["source", "hypothesis", "reference"])
+                writer.writerows(zip(test.text.src, hyps, test.text.tgt))
         return {**scores, "test_bleu": corpus_bleu(hyps, test.text.tgt), "test_translations": path.name}

@@ -23,6 +23,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from stabexp.distributed import local
 from stabexp.model.transformer import Seq2SeqTransformer, attention_logits, explicit_attention, token_mean
 from stabexp.modes import eval_mode
 from stabexp.train.losses import log_z
@@ -81,10 +82,16 @@ class LayerProbe:
     placement's scalars (Admin's omega, Fixup's shift and scale); a parameter shared by the
     sublayers of a layer (ReZero's alpha) counts in the layer's last one. Norms come from one torch._foreach_norm over all gradients, summed per
     sublayer on device, so there is no Python work per parameter beyond building lists.
+
+    A model sharded by FSDP2 (stabexp.distributed) holds each parameter and gradient as a
+    DTensor shard: the squared norms are then taken of the local shards and summed across the
+    ranks by `reduce`, one collective per probe step for all sublayers.
     """
 
-    def __init__(self, model: Seq2SeqTransformer):
+    def __init__(self, model: Seq2SeqTransformer,
+                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         self.model = model
+        self.reduce = reduce
         self.keys: List[Tuple[str, int, str]] = []
         self.residuals = [res for *_, res in model.residuals()]
         self.stacks = [stack for stack, *_ in model.residuals()]
@@ -105,16 +112,16 @@ class LayerProbe:
         self.matrix_owner = torch.tensor([i for i, _ in self.matrices], dtype=torch.long, device=self.owner.device)
         self.previous: Optional[List[torch.Tensor]] = None  # theta_{i-1}, taken by `snapshot`
 
-    @staticmethod
-    def _bucket_sums(tensors: List[torch.Tensor], owner: torch.Tensor, buckets: int) -> torch.Tensor:
+    def _bucket_sums(self, tensors: List[torch.Tensor], owner: torch.Tensor, buckets: int) -> torch.Tensor:
         """Squared norms of `tensors`, from one _foreach_norm, summed per bucket (owner[k] is
-        tensor k's bucket)."""
-        sq = torch.stack(torch._foreach_norm(tensors)).float() ** 2
-        return torch.zeros(buckets, device=sq.device).index_add_(0, owner, sq)
+        tensor k's bucket), and across the ranks' shards when sharded."""
+        sq = torch.stack(torch._foreach_norm([local(t) for t in tensors])).float() ** 2
+        sums = torch.zeros(buckets, device=sq.device).index_add_(0, owner.to(sq.device), sq)
+        return self.reduce(sums) if self.reduce is not None else sums
 
     def snapshot(self) -> None:
         """Keep the weight matrices before an optimiser step, for `relative_updates` after it."""
-        current = [p.detach() for _, p in self.matrices]
+        current = [local(p.detach()) for _, p in self.matrices]
         if self.previous is None:
             self.previous = [w.clone() for w in current]
         elif current:  # a model without residual sublayers (NormMLP) has nothing to keep
@@ -129,7 +136,7 @@ class LayerProbe:
         n = len(self.keys)
         if self.previous is None or not self.matrices:
             return torch.full((n,), float("nan"), device=self.owner.device)
-        current = [p.detach() for _, p in self.matrices]
+        current = [local(p.detach()) for _, p in self.matrices]
         torch._foreach_sub_(self.previous, current)
         # Update and weights in one call: buckets 0..n-1 the update's, n..2n-1 the weights'.
         owner = torch.cat([self.matrix_owner, self.matrix_owner + n])

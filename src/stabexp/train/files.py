@@ -1,6 +1,9 @@
 """A run folder's files: the tidy CSV logs, summary.json, and the lock that keeps one process
 per folder. Every write that replaces a file is atomic (temp file, fsync, rename), so a kill at
 any moment leaves either the old file or the new one, never half of one.
+
+A run on K processes (stabexp.distributed) writes its files from rank 0 alone: the writers
+here do nothing on the other ranks, which compute the same rows.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from stabexp.atomic import write_atomic
+from stabexp.distributed import is_rank0
 
 SUMMARY = "summary.json"
 MODEL = "model.pt"  # the final weights, with train.save_model
@@ -24,18 +28,22 @@ LAYER_IMPORTANCE = "layer_importance.csv"  # skipping each layer, with probe.lay
 UPDATE_BOUND = "update_bound.csv"  # DeepNet's bound on the model update, with probe.update_bound
 # What two runs of one config may write differently: the wall-clock columns and summary fields,
 # the process's peak memory, and the folder itself (a resumed run, or the same run elsewhere).
-WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "peak_memory_mib", "resumed_from",
-              "out_dir")
+WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "peak_memory_mib",
+              "peak_memory_mib_ranks", "resumed_from", "out_dir")
 LOCK = "run.lock"
 
 
 def write_json(path: Path, data: Dict) -> None:
+    if not is_rank0():
+        return
     text = (json.dumps(data, indent=2, default=float) + "\n").encode()
     write_atomic(path, lambda f: f.write(text))
 
 
 def write_csv(path: Path, columns, rows) -> None:
     """A whole CSV file at once, atomically (for files written at a few steps only)."""
+    if not is_rank0():
+        return
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=list(columns))
     writer.writeheader()
@@ -71,7 +79,10 @@ class CsvLog:
 
     def __init__(self, path: Path, columns, resume_at: Optional[Tuple[int, int]] = None):
         self.path, self.columns = Path(path), list(columns)
-        if resume_at is None:
+        self.file = None
+        if not is_rank0():  # rank 0 writes the rows (and its checkpoint records the positions)
+            self.rows = 0
+        elif resume_at is None:
             self.file = open(self.path, "w", newline="")
             self.writer = csv.DictWriter(self.file, fieldnames=self.columns)
             self.writer.writeheader()
@@ -87,7 +98,8 @@ class CsvLog:
             self.file.seek(size)
             self.writer = csv.DictWriter(self.file, fieldnames=self.columns)
             self.rows = rows
-        self.file.flush()
+        if self.file is not None:
+            self.file.flush()
 
     def _check_header(self) -> None:
         with open(self.path, newline="") as f:
@@ -96,20 +108,25 @@ class CsvLog:
             raise RuntimeError(f"{self.path} has columns {header}, this run writes {self.columns}")
 
     def write(self, rows) -> None:
-        self.writer.writerows(rows)
         self.rows += len(rows)
-        self.file.flush()
+        if self.file is not None:
+            self.writer.writerows(rows)
+            self.file.flush()
 
     def position(self) -> Tuple[int, int]:
+        if self.file is None:
+            return self.rows, 0
         self.file.flush()
         return self.rows, self.file.tell()
 
     def sync(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
 
 class RunLocked(RuntimeError):

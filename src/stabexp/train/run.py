@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from omegaconf import DictConfig
 
-from stabexp import theory
+from stabexp import distributed, theory
 from stabexp.config import ConfigError
 from stabexp.data import Task
 from stabexp.model import build_model, initialise
@@ -49,6 +49,15 @@ def device_of(name: str) -> torch.device:
     return torch.device(name)
 
 
+def check_parallel(cfg: DictConfig, task: Task) -> None:
+    """What FSDP2 could not shard, found before anything is written: the model built on the
+    meta device (no memory, no init) and checked."""
+    if cfg.train.parallel == "fsdp":
+        with torch.device("meta"):
+            model = build_model(cfg, task.vocab_size, task.pad_id, task.max_positions)
+        distributed.check_shardable(model)
+
+
 def reads_loss_every_step(device: torch.device) -> bool:
     """Whether the host reads every step's loss (exactly when it is computed), or only at the
     steps that sync anyway (Run.must_sync): reading costs nothing on a CPU, a stall on a GPU."""
@@ -65,7 +74,7 @@ class Run:
         # A resumed run's clock continues where the checkpoint left it (elapsed_s).
         self.start = start - (state["elapsed"] if state else 0.0)
         self._build_model(state)
-        self._build_optimiser()
+        self._build_optimiser()  # after the model is wrapped: FSDP2 swaps in sharded parameters
         self._build_probes(state)
         if state is None:
             write_json(self.out_dir / SUMMARY, summary)  # status "running": visible while it trains
@@ -73,7 +82,7 @@ class Run:
         # the loss is checked on device and read at the steps that sync anyway (`must_sync`).
         self.sync_every_step = reads_loss_every_step(self.device)
         self.pending: List[Tuple[int, float, torch.Tensor]] = []  # (step, lr, loss) not read yet
-        self.progress = Progress(cfg, show_progress)
+        self.progress = Progress(cfg, show_progress and distributed.is_rank0())
         if state is None:
             self._begin()
         else:
@@ -88,6 +97,9 @@ class Run:
         if t.threads:
             torch.set_num_threads(t.threads)
         self.device = device = device_of(t.device)
+        self.world = distributed.world()
+        self.grouped = distributed.active()  # in a process group (of K >= 1): DCP checkpoints
+        # Every rank alike: the same init and the same global batches (stabexp.distributed).
         torch.manual_seed(self.cfg.seed)
         self.probe_src, self.probe_tgt_in, _ = self.task.probe_batch()
         self.model = model = build_model(self.cfg, self.task.vocab_size, self.task.pad_id,
@@ -96,11 +108,15 @@ class Run:
         self.probe_tokens = model.feature_mask(self.probe_src, self.probe_tgt_in)
         if state is None:
             self._describe(self.summary)
-        else:
+        elif not self.grouped:  # in a process group, through DCP once the optimiser exists
             model.load_state_dict(state["model"])
-        # The training forward may be compiled; the probes run the eager model (same weights)
-        # and hook its submodules, which a compiled graph would not call.
-        self.train_model = torch.compile(model) if t.compile else model
+        # The training forward may be wrapped (DDP, FSDP2) and compiled; the probes run the
+        # eager model (same weights) and hook its submodules, which a compiled graph would not
+        # call, and which DDP's forward would make part of the gradient reduction.
+        self.train_model = distributed.wrap(model, t.parallel, device)
+        self.sharded = distributed.is_sharded(model)
+        if t.compile:
+            self.train_model = torch.compile(self.train_model)
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16")
         self.qk_clip = QKClip(model, t.qk_clip_tau) if t.qk_clip_tau > 0 else None
 
@@ -115,7 +131,7 @@ class Run:
 
     def _build_probes(self, state: Optional[Dict]) -> None:
         p, model = self.cfg.probe, self.model
-        self.probe = LayerProbe(model) if p.enabled else None
+        self.probe = LayerProbe(model, reduce=distributed.sum_ if self.sharded else None) if p.enabled else None
         self.weights = WeightProbe(model) if p.enabled and p.weights else None
         init = state["probes"].get("update_bound_init") if state is not None else None
         self.bound = (UpdateBound(model, [w.to(self.device) for w in init] if init is not None else None)
@@ -131,6 +147,7 @@ class Run:
         """Initialise the model and put what the run resolved into the summary."""
         cfg, t, o = self.cfg, self.train_cfg, self.cfg.optim
         summary["constants"] = initialise(self.model, cfg.group.init, self.task.init_batch)
+        summary["parameters"] = sum(p.numel() for p in self.model.parameters())
         summary["chance_loss"] = self.task.chance_loss
         summary.update(self.task.info())
         summary["device"] = str(self.device)
@@ -169,17 +186,22 @@ class Run:
         if self.probe is not None:
             # The same pass as every later F(x, theta_i) (LayerProbe.probe_pass), so that the
             # update at step 0 is exactly 0.
-            with eval_mode(self.model):
+            with eval_mode(self.model), distributed.full_weights(self.model):
                 self.features_init = self.probe.probe_pass(self.probe_src, self.probe_tgt_in)[0].clone()
             if self.bound is not None:
                 # ||F(x, theta_0)|| per token: what the bound's relative model update divides by.
                 self.summary["features_init_norm"] = per_token_norm(self.features_init, self.probe_tokens).item()
         self.model.train()
-        record(self, 0, None, None, None, at_init=self.probe_at_init() if self.cfg.probe.at_init else None)
+        at_init = self.probe_at_init() if self.cfg.probe.at_init else None
+        with distributed.full_weights(self.model):
+            record(self, 0, None, None, None, at_init=at_init)
         if self.cfg.probe.dependency:
             record_dependency(self, 0)
         if self.cfg.probe.layer_importance:
             record_layer_importance(self, 0)
+        if distributed.rank() > 0:
+            # Dropout masks of their own on the other ranks; rank 0 keeps the one-process stream.
+            torch.manual_seed(self.cfg.seed + 1_000_003 * distributed.rank())
 
     def probe_at_init(self) -> Dict:
         """Admin's output change on the probe batch (mean over probe.perturbation_draws draws of
@@ -212,8 +234,10 @@ class Run:
                   "weights_previous": self.weights.previous if self.weights is not None else None,
                   "scale_invariant": self.scale_invariant if self.weights is not None else None,
                   "update_bound_init": self.bound.init if self.bound is not None else None}
-        return {"config": checkpoint.config_text(self.cfg), "step": self.steps_done,
-                "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+        # K processes: the model and optimiser go through DCP (checkpoint.save), not this dict.
+        tensors = ({"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+                   if not self.grouped else {})
+        return {"config": checkpoint.config_text(self.cfg), "step": self.steps_done, **tensors,
                 "schedule": self.sched.state_dict(), "rng": checkpoint.rng_state(),
                 "task": self.task.state_dict(), "probes": probes, "result": dict(self.result),
                 "explode_at": self.explode_at, "summary": self.summary,
@@ -223,7 +247,10 @@ class Run:
 
     def _restore(self, state: Dict) -> None:
         columns = metrics_columns(self.task.eval_columns)
-        self.opt.load_state_dict(state["optimizer"])
+        if not self.grouped:
+            self.opt.load_state_dict(state["optimizer"])
+        else:
+            checkpoint.load_model_and_optimizer(state, self.model, self.opt)
         self.sched.load_state_dict(state["schedule"])
         probes = state["probes"]
         self.features_init = (probes["features_init"].to(self.device)
@@ -247,7 +274,7 @@ class Run:
         (`stabexp status` reads it there, without loading the checkpoint)."""
         for log_file in self._logs():
             log_file.sync()
-        checkpoint.save(self.out_dir, self.checkpoint_state())
+        checkpoint.save(self.out_dir, self.checkpoint_state(), self.model, self.opt)
         self.summary["checkpoint_step"] = self.steps_done
         write_json(self.out_dir / SUMMARY, self.summary)
 
@@ -276,14 +303,20 @@ class Run:
     def step(self, step: int) -> bool:
         """Optimiser step number `step` (1-based), probing if due; False when it diverged."""
         t, model, result = self.train_cfg, self.model, self.result
-        src, tgt_in, tgt_out = self.task.train_batch()
+        batch = self.task.train_batch()
         with self.autocast, self.qk_clip.observing() if self.qk_clip is not None else nullcontext():
-            logits = self.train_model(src, tgt_in)
-            loss = self.task.loss(logits, tgt_out)
-            if t.z_loss > 0:
-                loss = loss + t.z_loss * z_loss(logits, self.task.predicted(tgt_out))
+            if self.world == 1:
+                src, tgt_in, tgt_out = batch
+                logits = self.train_model(src, tgt_in)
+                loss = self.task.loss(logits, tgt_out)
+                if t.z_loss > 0:
+                    loss = loss + t.z_loss * z_loss(logits, self.task.predicted(tgt_out))
+            else:
+                loss = self._share_loss(batch)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        # K ranks: DDP and FSDP2 average the gradients over the ranks, so K times each share's
+        # part of the mean gives the gradient of the mean (stabexp.distributed).
+        (loss if self.world == 1 else loss * self.world).backward()
         lr = self.sched.get_last_lr()[0]
         self.pending.append((step, lr, loss.detach()))
         if self.must_sync(step) and self.diverged():
@@ -291,22 +324,56 @@ class Run:
         probing = self.is_probe_step(step)
         grads = self.probe.grad_norms() if probing else None
         if t.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+            self._clip_gradients(t.clip_norm)
         if probing:
             self.probe.snapshot()
         if probing and self.weights is not None:
             self.weights.snapshot()
         self.opt.step()
         if self.qk_clip is not None:
+            if self.world > 1:  # every replica clips by the largest logit of the global batch
+                self.qk_clip.max_logits = list(distributed.max_(torch.stack(self.qk_clip.max_logits)))
             self.qk_clip.clip()
         self.sched.step()
         self.steps_done = step
         row = None
         if grads is not None or self.is_eval_step(step):
-            row = record(self, step, lr, result["last_loss"], grads, weights_moved=probing)
+            with distributed.full_weights(model):
+                row = record(self, step, lr, result["last_loss"], grads, weights_moved=probing)
         self.progress.update(step, result["last_loss"] if not self.pending else None,
                              row.get("model_update") if row else None)
         return True
+
+    def _share_loss(self, batch) -> torch.Tensor:
+        """This rank's part of the batch's loss: its rows' summed token loss (and z-loss) over
+        the whole batch's count of predicted tokens; the ranks' parts add up to the mean."""
+        t = self.train_cfg
+        count = self.task.predicted(batch[2]).sum().clamp(min=1)
+        (src, tgt_in, tgt_out), weight = distributed.share(batch)
+        logits = self.train_model(src, tgt_in)
+        loss = self.task.loss_sum(logits, tgt_out) / count
+        if t.z_loss > 0:
+            loss = loss + t.z_loss * z_loss(logits, self.task.predicted(tgt_out), count=count)
+        return loss * weight
+
+    def _clip_gradients(self, max_norm: float) -> None:
+        """Total grad-norm clipping; under FSDP2 the norm of the sharded gradients comes from
+        their local shards, summed across the ranks in one collective."""
+        if not self.sharded:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            return
+        grads = [distributed.local(p.grad) for p in self.model.parameters() if p.grad is not None]
+        total = distributed.sum_(torch.stack(torch._foreach_norm(grads)).pow(2).sum()).sqrt()
+        torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp(max=1.0))
+
+    def stop_signal(self, received: Optional[int], step: int) -> Optional[int]:
+        """The signal to stop on after `step`: this process's; on K processes the one any rank
+        got, agreed at the steps that sync, so that every rank checkpoints at the same step."""
+        if self.world == 1:
+            return received
+        if not self.must_sync(step):
+            return None
+        return int(distributed.max_(torch.tensor([received or 0], device=self.device)).item()) or None
 
     def diverged(self) -> bool:
         """Read the losses of the steps since the last read (one host sync) and check them in
@@ -317,7 +384,9 @@ class Run:
         steps, lrs, losses = zip(*self.pending)
         self.pending = []
         result = self.result
-        for step, lr, loss_value in zip(steps, lrs, torch.stack(losses).float().tolist()):
+        # K ranks: each holds its part of every step's loss; their sum (one collective) is the
+        # batch's loss, the same on every rank, so all of them stop at the same step.
+        for step, lr, loss_value in zip(steps, lrs, distributed.sum_(torch.stack(losses)).float().tolist()):
             if result["first_loss"] is None:
                 result["first_loss"] = loss_value
                 if math.isfinite(loss_value):
@@ -340,9 +409,16 @@ class Run:
         if self.cfg.probe.layer_importance:
             record_layer_importance(self, self.steps_done)
         if self.train_cfg.save_model:
-            model = {"state_dict": self.model.state_dict(), "vocab_size": self.task.vocab_size,
+            weights = self.model.state_dict()
+            if self.sharded:  # gathered whole on every rank (a collective), written by rank 0
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+                weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
+                                                                                    cpu_offload=True))
+            model = {"state_dict": weights, "vocab_size": self.task.vocab_size,
                      "pad_id": self.task.pad_id, "max_positions": self.task.max_positions}
-            write_atomic(self.out_dir / MODEL, lambda f: torch.save(model, f))
+            if distributed.is_rank0():
+                write_atomic(self.out_dir / MODEL, lambda f: torch.save(model, f))
 
     def _logs(self) -> List[CsvLog]:
         return [self.metrics, self.layers] + ([self.bound_log] if self.bound_log else [])

@@ -53,12 +53,14 @@ class StopRequests:
             raise KeyboardInterrupt
         self.received = signum
 
-    def pass_on(self) -> None:
+    def pass_on(self, signum: Optional[int] = None) -> None:
         """After the checkpoint: hand the signal to the handler that was there before ours
         (submitit requeues and exits; Python's SIGINT handler raises KeyboardInterrupt), then
-        stop."""
-        signum = self.received
-        previous = self.previous.get(signum)
+        stop. `signum`: the signal the ranks of a run on K processes agreed on, which this
+        rank may not have received itself (then it only stops)."""
+        received = self.received
+        signum = received if signum is None else signum
+        previous = self.previous.get(signum) if received is not None else None
         self.__exit__()
         if callable(previous):
             previous(signum, None)

@@ -20,14 +20,14 @@ from typing import Dict, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from stabexp import memory
-from stabexp.config import validate
+from stabexp import distributed, memory
+from stabexp.config import validate, validate_world
 from stabexp.data import Task, make_task
 from stabexp.train import checkpoint
 from stabexp.atomic import write_atomic
-from stabexp.train.files import SUMMARY, RunLock, read_summary, write_json
+from stabexp.train.files import SUMMARY, RunLock, RunLocked, read_summary, write_json
 from stabexp.train.recording import group_name
-from stabexp.train.run import Run, device_of
+from stabexp.train.run import Run, check_parallel, device_of
 from stabexp.train.stop import RunStopped, StopRequests
 
 log = logging.getLogger("stabexp")
@@ -44,23 +44,30 @@ def train(cfg: DictConfig, out_dir) -> Dict:
     one raises RunLocked. A diverged run is a result (status "diverged"); a run asked to stop
     checkpoints and raises RunStopped; an unexpected error is recorded as status "failed" and
     re-raised (its last checkpoint stays, so the same command resumes it).
+
+    On K processes (stabexp.distributed) every rank calls it; rank 0 reads the folder, holds
+    the lock and writes, and the others follow its decisions.
     """
     validate(cfg)
+    validate_world(cfg, distributed.world(), distributed.active())
     out_dir = Path(out_dir)
-    if _finished(out_dir, cfg):
-        return read_summary(out_dir)
+    done = distributed.broadcast(_finished(out_dir, cfg) if distributed.is_rank0() else None)
+    if done:
+        return done
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     task = make_task(cfg, device_of(cfg.train.device))
-    lock = RunLock(out_dir).acquire()
+    check_parallel(cfg, task)
+    lock = RunLock(out_dir)
+    claim = distributed.broadcast(_claim(lock, out_dir, cfg) if distributed.is_rank0() else None)
+    if isinstance(claim, str):
+        raise RunLocked(claim)
     try:
-        done = _finished(out_dir, cfg)  # finished by the process that held the lock before us
-        if done:
-            return done
-        if lock.previous_holder:
-            log.warning("took over the lock of %s, which is no longer running", lock.previous_holder)
+        if claim:  # finished by the process that held the lock before us
+            return claim
         if cfg.overwrite:
             checkpoint.remove(out_dir)
+        distributed.barrier()
         state = checkpoint.load(out_dir, cfg)
         summary = _new_summary(cfg, out_dir) if state is None else _resumed_summary(state, out_dir)
         start = time.perf_counter()
@@ -75,12 +82,14 @@ def train(cfg: DictConfig, out_dir) -> Dict:
             summary.update(status="failed", error=f"{type(err).__name__}: {err}",
                            wall_seconds=time.perf_counter() - start)
             try:  # the error itself may be a full disk: record what can be, raise the original
-                write_atomic(out_dir / "error.txt", lambda f: f.write(traceback.format_exc().encode()))
+                if distributed.is_rank0():
+                    write_atomic(out_dir / "error.txt", lambda f: f.write(traceback.format_exc().encode()))
                 write_json(out_dir / SUMMARY, summary)
             except OSError as cannot_record:
                 log.error("could not record the failure in %s: %s", out_dir, cannot_record)
             raise
         write_json(out_dir / SUMMARY, summary)
+        distributed.barrier()
         checkpoint.remove(out_dir)
         return summary
     finally:
@@ -99,32 +108,35 @@ def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task:
             for step in range(run.steps_done + 1, cfg.train.steps + 1):
                 if not run.step(step):
                     break
-                if stop.received is not None:
+                signum = run.stop_signal(stop.received, step)
+                if signum is not None:
                     if run.diverged():
                         break
                     run.save_checkpoint()
-                    summary.update(status="interrupted", interrupted_by=signal.Signals(stop.received).name,
+                    summary.update(status="interrupted", interrupted_by=signal.Signals(signum).name,
                                    wall_seconds=time.perf_counter() - run.start)
                     write_json(Path(out_dir) / SUMMARY, summary)
                     log.warning("stopped by %s after step %d: checkpoint written, the same command resumes it",
-                                signal.Signals(stop.received).name, step)
-                    stop.pass_on()
+                                signal.Signals(signum).name, step)
+                    stop.pass_on(signum)
                 if run.is_checkpoint_step(step):
                     run.save_checkpoint()
             run.diverged()
     finally:
         run.close()
     wall = time.perf_counter() - run.start
+    peaks = distributed.gather(memory.peak_mib(run.device))  # every rank's, on K processes
     run.result.update(steps_done=run.steps_done, wall_seconds=wall,
                       steps_per_second=run.steps_done / wall if wall > 0 else None,
-                      peak_memory_mib=memory.peak_mib(run.device),
-                      target_tokens=task.target_tokens)
+                      peak_memory_mib=peaks[0], target_tokens=task.target_tokens,
+                      **({"peak_memory_mib_ranks": peaks} if len(peaks) > 1 else {}))
     for key in ("checkpoint_step", "interrupted_by"):
         summary.pop(key, None)
     if run.result["status"] == "completed" and run.steps_done > 0:
         run.write_final()
         finish_start = time.perf_counter()
-        final = task.finish(run.model, out_dir)
+        with distributed.full_weights(run.model):
+            final = task.finish(run.model, out_dir)
         if final:  # e.g. the test decoding, timed apart from the training
             run.result.update(final, finish_seconds=time.perf_counter() - finish_start)
     return run.result
@@ -138,15 +150,33 @@ def _finished(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
     return None
 
 
+def _claim(lock: RunLock, out_dir: Path, cfg: DictConfig):
+    """Rank 0 takes the folder's lock: the message of the process that holds it (a str), the
+    summary of a run finished meanwhile, or {} to go on."""
+    try:
+        lock.acquire()
+    except RunLocked as err:
+        return str(err)
+    done = _finished(out_dir, cfg)
+    if done:
+        return done
+    if lock.previous_holder:
+        log.warning("took over the lock of %s, which is no longer running", lock.previous_holder)
+    return {}
+
+
 def _new_summary(cfg: DictConfig, out_dir: Path) -> Dict:
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if distributed.is_rank0():
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     return {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
             "group": group_name(cfg), "arch": cfg.model.arch, "depth": cfg.depth,
             # A single-stack model has `depth` layers and no second stack.
             "decoder_depth": (cfg.decoder_depth if cfg.decoder_depth is not None else cfg.depth)
             if cfg.model.arch == "transformer" else None,
             "seed": cfg.seed, "model": cfg.model.name, "d_model": cfg.model.d_model,
-            "task": cfg.task.name, "steps": cfg.train.steps, "out_dir": str(out_dir)}
+            "task": cfg.task.name, "steps": cfg.train.steps, "out_dir": str(out_dir),
+            **({"parallel": cfg.train.parallel, "world_size": distributed.world()}
+               if cfg.train.parallel != "none" else {})}
 
 
 def _resumed_summary(state: Dict, out_dir: Path) -> Dict:

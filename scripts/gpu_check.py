@@ -1,0 +1,88 @@
+"""The CUDA path end to end, in a few minutes on one GPU: a maintainer's check.
+
+    python scripts/gpu_check.py [--device cuda] [--quick] [--out outputs/gpu_check]
+
+1. DeepNorm 18L-18L (tiny width, the default task, 200 steps, probes on) in fp32 and in bf16:
+   steps/s, peak memory, final eval loss (bf16 close to fp32, not equal).
+2. `stabexp bench` (tiny and base width, 6L-6L): stabexp against torch.nn.Transformer.
+3. The same fp32 run on one process group of one rank (torchrun --nproc-per-node=1) with
+   train.parallel=ddp and =fsdp: the one-process numbers (nccl on a GPU).
+Prints a markdown table and writes each part's files under --out. `--device cpu --quick` runs
+the same steps on the CPU at a smaller size (tests/test_distributed.py does, so the script
+stays runnable where no GPU is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def stabexp(*args, nproc: int = 0) -> None:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+                if nproc else [sys.executable])
+    done = subprocess.run([*launcher, "-m", "stabexp", *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if done.returncode != 0:
+        raise SystemExit(f"failed: stabexp {' '.join(args)}\n{done.stderr[-3000:]}")
+
+
+def metrics(folder: Path):
+    with open(folder / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def largest_difference(a: Path, b: Path, column: str) -> float:
+    """The largest relative difference of a metrics column between two runs, row by row."""
+    worst = 0.0
+    for x, y in zip(metrics(a), metrics(b)):
+        if x[column] and y[column] and x[column] != "nan":
+            worst = max(worst, abs(float(x[column]) - float(y[column])) / max(abs(float(x[column])), 1e-12))
+    return worst
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="2 layers, 20 steps, the tiny bench only")
+    parser.add_argument("--out", default="outputs/gpu_check")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    depth, steps, sizes, bench_steps = (2, 20, "tiny", "2") if args.quick else (18, 200, "tiny,base", "5")
+    base = ["group=deepnorm", f"depth={depth}", f"train.steps={steps}", f"train.device={args.device}",
+            "model.dropout=0.0", f"train.eval_every={steps // 2}"]
+    rows = []
+    for precision in ("fp32", "bf16"):
+        folder = out / precision
+        stabexp("run", *base, f"train.precision={precision}", f"hydra.run.dir={folder}")
+        rows.append((f"{precision}, 1 process", json.loads((folder / "summary.json").read_text()), folder))
+    for parallel in ("ddp", "fsdp"):
+        folder = out / parallel
+        stabexp("run", *base, f"train.parallel={parallel}", f"hydra.run.dir={folder}", nproc=1)
+        rows.append((f"fp32, {parallel} on 1 rank", json.loads((folder / "summary.json").read_text()), folder))
+    bench = out / "bench.json"
+    stabexp("bench", "--sizes", sizes, "--depths", "6" if not args.quick else "2", "--steps", bench_steps,
+            "--repeats", "2", "--no-memory",
+            "--out", str(bench))  # on the GPU when there is one
+    fp32 = rows[0][2]
+    print(f"{depth}L-{depth}L DeepNorm, tiny width, {steps} steps, train.device={args.device}\n")
+    print("| run | steps/s | peak MiB | final eval loss | largest relative difference from fp32 (loss, model update) |")
+    print("|---|---|---|---|---|")
+    for name, summary, folder in rows:
+        diff = ("-" if folder == fp32 else
+                f"{largest_difference(fp32, folder, 'loss'):.1e}, {largest_difference(fp32, folder, 'model_update'):.1e}")
+        print(f"| {name} | {summary['steps_per_second']:.2f} | {summary['peak_memory_mib']:.0f} | "
+              f"{summary['final_eval_loss']:.4f} | {diff} |")
+    print(f"\nstabexp bench: {bench}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

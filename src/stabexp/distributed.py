@@ -1,0 +1,274 @@
+"""One run on K processes (data parallel), on PyTorch's own engine: a process group started by
+torchrun (or srun with K tasks), DistributedDataParallel or FSDP2's `fully_shard`, and
+torch.distributed.checkpoint (train/checkpoint.py). docs/scale.md has the commands.
+
+What stays the same as in one process, and how:
+- Every rank draws the *global* batch from the same seeded stream and trains on its share of
+  its rows (`share`): the batch, and every batch after it, is the one-process run's. The loss
+  of a share is its summed token loss over the global count of predicted tokens, times K (DDP
+  and FSDP2 average the gradients over K ranks), so the gradient is the one-process gradient.
+- Every rank is seeded alike and builds and initialises the same model; the probes run on
+  the whole fixed probe batch on every rank (under FSDP with the full weights gathered,
+  `full_weights`), so they need no reduction; the gradient norms under FSDP are summed from
+  the local shards in one collective (`sum_`, the probes' reduction).
+- Only rank 0 writes files (train/files.py's writers do nothing on the other ranks) and
+  holds the run's lock; decisions about the folder and about divergence are taken from
+  values every rank has (`broadcast`, an all-reduced loss), so no rank waits in a collective
+  the others skip.
+
+This module is the only one that uses torch.distributed's process groups and collectives
+(train/checkpoint.py uses torch.distributed.checkpoint).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from contextlib import contextmanager
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from stabexp.errors import ConfigError
+
+# How long a collective may wait for the other ranks before the run fails: a rank that died
+# or hangs ends the others instead of leaving them blocked (env STABEXP_DIST_TIMEOUT_S).
+TIMEOUT_S = 600
+
+
+def launched() -> bool:
+    """Whether this process was started as one of a process group: by torchrun (WORLD_SIZE,
+    even 1), as one of K > 1 tasks of a submitit job (Hydra's submitit launchers with
+    tasks_per_node, on SLURM or locally), or as one of K > 1 tasks of the current srun step
+    (SLURM_STEP_NUM_TASKS, not the job's SLURM_NTASKS: a lone `python` inside a K-task batch
+    script is one process)."""
+    if "WORLD_SIZE" in os.environ:
+        return True
+    if int(os.environ.get("SUBMITIT_LOCAL_NTASKS", "1")) > 1:
+        return True
+    return "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
+
+
+def _launcher_env() -> None:
+    """torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) from submitit's or srun's."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export()
+        return
+    except ImportError:
+        pass
+    import subprocess
+
+    host = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                          capture_output=True, text=True, check=True).stdout.split()[0]
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000),
+                      RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_STEP_NUM_TASKS"],
+                      LOCAL_RANK=os.environ["SLURM_LOCALID"])
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def setup(device_type: str = "cpu", init_method: Optional[str] = None, rank: Optional[int] = None,
+          world_size: Optional[int] = None) -> None:
+    """Join the process group (once): gloo on the CPU, nccl on CUDA. Without arguments from
+    torchrun's (or srun's) environment; tests pass a file:// init_method, rank and world size."""
+    if dist.is_initialized():
+        return
+    timeout = datetime.timedelta(seconds=float(os.environ.get("STABEXP_DIST_TIMEOUT_S", TIMEOUT_S)))
+    if init_method is None:
+        _launcher_env()
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank())
+        kwargs["device_id"] = torch.device("cuda", local_rank())
+    dist.init_process_group(backend, init_method=init_method, timeout=timeout,
+                            rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size,
+                            **kwargs)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def is_rank0() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if world() > 1:
+        dist.barrier()
+
+
+def broadcast(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (the others' argument is ignored)."""
+    if world() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather(obj: Any) -> List[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if world() == 1:
+        return [obj]
+    out: List[Any] = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _device_for_collective(t: torch.Tensor) -> torch.Tensor:
+    return t if dist.get_backend() != "nccl" or t.is_cuda else t.cuda()
+
+
+def sum_(t: torch.Tensor) -> torch.Tensor:
+    """All ranks' `t` summed, on every rank (one collective; `t` itself when alone)."""
+    if world() == 1:
+        return t
+    out = _device_for_collective(t.detach().clone())
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.to(t.device)
+
+
+def max_(t: torch.Tensor) -> torch.Tensor:
+    if world() == 1:
+        return t
+    out = _device_for_collective(t.detach().clone())
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out.to(t.device)
+
+
+# --- each rank's share --------------------------------------------------------------------
+
+def rows(batch: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tensor, ...]:
+    """This rank's rows of a batch: K contiguous slices as equal as the rows allow (a
+    token-budget batch need not divide by K); empty when the batch has fewer rows than ranks."""
+    k, r = world(), rank()
+    if k == 1:
+        return batch
+    n = batch[1].shape[0]  # tgt_in: every task's batch has target rows (an LM's src is (B, 0))
+    return tuple(t[n * r // k:n * (r + 1) // k] for t in batch)
+
+
+def share(batch: Tuple[torch.Tensor, ...]) -> Tuple[Tuple[torch.Tensor, ...], float]:
+    """(this rank's rows of a training batch, its weight): a rank whose rows would be empty
+    still runs the step, on the batch's first row with weight 0, so that every rank takes part
+    in the gradient reduction."""
+    part = rows(batch)
+    if part[1].shape[0] == 0:
+        return tuple(t[:1] for t in batch), 0.0
+    return part, 1.0
+
+
+def share_of(items: Sequence) -> List:
+    """This rank's items of a list (every K-th from its rank): eval batches, sentences to decode."""
+    return list(items[rank()::world()])
+
+
+def in_order(parts: List[List], total: int) -> List:
+    """The lists `share_of` dealt to the ranks (gathered, in rank order) back in the original order."""
+    out: List = [None] * total
+    for r, part in enumerate(parts):
+        out[r::len(parts)] = part
+    return out
+
+
+# --- wrapping the model -------------------------------------------------------------------
+
+def check_shardable(model: nn.Module) -> None:
+    """FSDP2's fully_shard refuses 0-dim parameters (it wants shape (1,)): name the first."""
+    scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
+    if scalars:
+        raise ConfigError(f"train.parallel=fsdp: parameter {scalars[0]} is a 0-dim scalar, which fully_shard "
+                          "cannot shard (give it shape (1,) in the model, or use train.parallel=ddp)")
+
+
+def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
+    """The module the training step calls: DDP around the model, or the model itself after
+    fully_shard of every layer and then of the root (FSDP2 turns the model into an FSDPModule
+    in place: parameters become DTensor shards). Under FSDP the gradient reduction is a SUM
+    followed by the division by K (`set_force_sum_reduction_for_comms`), not the reduce-scatter
+    with AVG, which gloo has been seen to do as a SUM (pytorch/pytorch#162338); the parity tests
+    (tests/test_distributed.py) check the result either way."""
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if parallel == "fsdp":
+        try:
+            from torch.distributed.fsdp import FSDPModule, fully_shard
+        except ImportError:  # FSDP2 is public from torch 2.6
+            FSDPModule = fully_shard = None
+        if not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+            raise ConfigError(f"train.parallel=fsdp needs torch 2.8 or later (this is {torch.__version__}): "
+                              "use train.parallel=ddp")
+        check_shardable(model)
+        for stack in (getattr(model, "encoder", ()), getattr(model, "decoder", ())):
+            for layer in stack:
+                fully_shard(layer)
+        fully_shard(model)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+        return model
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
+
+
+@contextmanager
+def full_weights(model: nn.Module):
+    """Under FSDP, the model with every parameter gathered whole, for passes that are not the
+    training step (probes, evaluation, decoding): ranks may then run different forwards, and
+    methods other than `forward`, with no collective inside. Elsewhere a no-op."""
+    if not is_sharded(model):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    # FSDP2 takes the first module to run forward as its root; a probe may call a layer first
+    # (or a method other than forward), so the model is made the root here. Private API: no
+    # public one in torch 2.13.
+    model._get_fsdp_state()._lazy_init()
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in modules:
+        m.unshard()
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (a plain tensor unchanged)."""
+    return t.to_local() if hasattr(t, "to_local") else t
