@@ -9,7 +9,7 @@ task's batches of 64 x 10 tokens, probes off, one torch thread per process) it r
 with train.parallel=ddp and =fsdp, on the same global batch. Speed: target tokens per second
 between the run's two eval rows (steps/2 and steps), so building the model and the first steps
 are not counted. Memory: each rank's peak (summary.json's peak_memory_mib_ranks; on the CPU the
-growth of the peak resident set over the run). Writes the table (markdown) to stdout and the
+process's peak resident set over the run). Writes the table (markdown) to stdout and the
 figures to --out. Time it alone: K processes of one thread each need K free cores.
 """
 

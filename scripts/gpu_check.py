@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -39,11 +40,20 @@ def metrics(folder: Path):
 
 
 def largest_difference(a: Path, b: Path, column: str) -> float:
-    """The largest relative difference of a metrics column between two runs, row by row."""
+    """The largest relative difference of a metrics column between two runs, row by row; inf
+    when the rows differ in number or one run has a NaN where the other has a number."""
+    rows_a, rows_b = metrics(a), metrics(b)
+    if len(rows_a) != len(rows_b):
+        return math.inf
     worst = 0.0
-    for x, y in zip(metrics(a), metrics(b)):
-        if x[column] and y[column] and x[column] != "nan":
-            worst = max(worst, abs(float(x[column]) - float(y[column])) / max(abs(float(x[column])), 1e-12))
+    for x, y in zip(rows_a, rows_b):
+        if not x[column] and not y[column]:
+            continue
+        u, v = float(x[column] or "nan"), float(y[column] or "nan")
+        if math.isnan(u) and math.isnan(v):
+            continue
+        difference = abs(u - v) / max(abs(u), 1e-12)
+        worst = max(worst, difference if not math.isnan(difference) else math.inf)
     return worst
 
 

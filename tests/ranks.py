@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import io
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -22,16 +23,37 @@ class WroteFiles(AssertionError):
 
 
 def _no_writes_under(folder: Path):
-    """Patch open() so that writing a file under `folder` (its checkpoint/ aside) raises."""
-    real = builtins.open
-
-    def guarded(file, mode="r", *args, **kwargs):
-        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
+    """Patch open() (for writing), and the renames, removals and mkdirs of os and shutil, so
+    that changing anything under `folder` (its checkpoint/ shards aside) raises."""
+    def check(file):
+        if isinstance(file, (str, os.PathLike)):
             path = Path(file).resolve()
-            if folder in path.parents and not any(p.name.startswith("checkpoint") for p in path.parents):
-                raise WroteFiles(f"rank {os.environ.get('RANK')} wrote {path}")
-        return real(file, mode, *args, **kwargs)
-    builtins.open = io.open = guarded
+            if (folder == path or folder in path.parents) and not any(
+                    p.name.startswith("checkpoint") for p in [path, *path.parents]):
+                raise WroteFiles(f"rank {os.environ.get('RANK')} changed {path}")
+
+    real_open = builtins.open
+
+    def guarded_open(file, mode="r", *args, **kwargs):
+        if any(c in mode for c in "wax+"):
+            check(file)
+        return real_open(file, mode, *args, **kwargs)
+    builtins.open = io.open = guarded_open
+
+    def guard(module, name, *checked):
+        real = getattr(module, name)
+
+        def guarded(*args, **kwargs):
+            for i in checked:
+                if i < len(args):
+                    check(args[i])
+            return real(*args, **kwargs)
+        setattr(module, name, guarded)
+    for name in ("replace", "rename"):
+        guard(os, name, 0, 1)
+    for name in ("unlink", "remove", "mkdir", "rmdir"):
+        guard(os, name, 0)
+    guard(shutil, "rmtree", 0)
 
 
 def _rank_main(rank: int, world: int, store: str, cfg_yaml: str, out_dir: str, exit_after: Optional[int],
@@ -41,7 +63,7 @@ def _rank_main(rank: int, world: int, store: str, cfg_yaml: str, out_dir: str, e
     from stabexp import distributed
     from stabexp.train import trainer
 
-    distributed.setup("cpu", init_method=f"file://{store}", rank=rank, world_size=world)
+    distributed.setup(init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         if rank > 0:
             _no_writes_under(Path(out_dir).resolve())

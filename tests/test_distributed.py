@@ -31,7 +31,7 @@ RUN = [*TINY, "group=preln", "model.dropout=0.0", "train.steps=20", "probe.first
 # The parity runs take SGD with momentum: Adam's first updates are about lr * sign(g), so a
 # rounding difference in a gradient near 0 flips a weight's update by 2 lr, and the runs part by
 # more than rounding within a few steps whatever the reduction (the resume tests keep Adam).
-PARITY = ["optim=sgdm", "train.lr=0.1"]
+PARITY = ["optim=sgdm", "train.lr=0.1", "train.clip_norm=0.5", "train.z_loss=1e-4"]  # clipping, z-loss too
 # Columns of different runs that agree only to rounding (sums over shards are re-associated).
 CLOSE = dict(check_exact=False, rtol=2e-4, atol=2e-5)
 
@@ -329,9 +329,15 @@ def test_a_second_torchrun_on_a_folder_in_use_stops_with_one_line(tmp_path):
         while not (tmp_path / "outputs" / "busy" / "metrics.csv").exists():
             assert time.monotonic() < deadline and first.poll() is None
             time.sleep(0.5)
+        busy = tmp_path / "outputs" / "busy"
+        hydra_files = {p: p.stat().st_mtime_ns for p in (busy / ".hydra").iterdir()}
+        log_size = (busy / "stabexp.log").stat().st_size
         code, _, err = finish(torchrun(tmp_path / "outputs", *args))
         assert code != 0
         one_stabexp_line(err, "is being run by")
+        # Refused before Hydra writes: .hydra/ untouched (Hydra would rewrite it, same bytes).
+        assert {p: p.stat().st_mtime_ns for p in (busy / ".hydra").iterdir()} == hydra_files
+        assert "is being run by" not in (busy / "stabexp.log").read_text()[log_size:]
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()

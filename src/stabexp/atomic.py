@@ -22,6 +22,16 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def sync_folder(folder: Path) -> None:
+    """fsync_dir where the file system can: some network and FUSE mounts cannot fsync a folder
+    (the rename is in place all the same)."""
+    try:
+        fsync_dir(folder)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+
+
 def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.part")
 
@@ -38,11 +48,7 @@ def replacing(path: Path) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, path)
-        try:
-            fsync_dir(path.parent)
-        except OSError as err:  # some network and FUSE mounts cannot fsync a folder: the file is in place
-            if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-                raise
+        sync_folder(path.parent)
     finally:
         partial.unlink(missing_ok=True)
 

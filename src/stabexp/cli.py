@@ -47,14 +47,14 @@ def _hydra_main():
 
         out_dir = Path(HydraConfig.get().runtime.output_dir)
         if distributed.launched():
-            distributed.setup(device_of_args(cfg.train.device))  # K srun tasks of a submitit job enter here
-            # One folder for all ranks: rank 0's (ranks > 0 keep Hydra's own files elsewhere).
-            out_dir = distributed.broadcast(out_dir)
+            distributed.setup()  # the K tasks of a submitit job enter here, not through cmd_run
+            out_dir = distributed.broadcast(out_dir)  # one folder for all ranks: rank 0's
             if not distributed.is_rank0():
                 logging.getLogger("stabexp").setLevel(logging.WARNING)
                 # Under submitit every task has Hydra's log file open: rank 0's alone writes it.
                 for handler in [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]:
                     logging.getLogger().removeHandler(handler)
+                    handler.close()
         say = print if distributed.is_rank0() else (lambda *a, **k: None)  # one line, from rank 0
         try:
             summary = train(cfg, out_dir)
@@ -81,52 +81,37 @@ def _hydra_main():
     return run
 
 
-def device_of_args(device: str) -> str:
-    """The device type a run on K processes communicates on: cuda (nccl) or cpu (gloo)."""
-    import torch
-
-    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
-
-
 def cmd_run(args: List[str]) -> int:
     from stabexp import distributed
 
     if not distributed.launched():
         return _cmd_run(args)
-    # torchrun (or srun) started K of us: one run on K processes (docs/scale.md).
-    device = next((a.split("=", 1)[1] for a in args if a.startswith("train.device=")), "auto")
-    distributed.setup(device_of_args(device))
+    # torchrun, srun or submitit started K of us: one run on K processes (docs/scale.md). Every
+    # rank checks the command and fetches the data it lacks before the process group forms (a
+    # download or a tokenizer can take longer than a collective waits; each of their files is
+    # written atomically, so ranks doing it at once are safe); the launcher's rank 0 prints.
     try:
-        return _cmd_run(args)
+        checked = preflight(args)
+        if any("${now:" in h for h in checked.hydra_overrides):
+            raise ConfigError("a run folder named by ${now:...} would differ between the processes of one "
+                              "run: give hydra.run.dir (or hydra.sweep.dir) a fixed path")
+    except ConfigError as err:
+        if distributed.launcher_rank() == 0:
+            print(f"stabexp: error: {err}", file=sys.stderr)
+        return 2
+    distributed.setup()
+    try:
+        return _cmd_run(args, checked)
     finally:
         distributed.teardown()
 
 
-def _preflight_on_ranks(args: List[str]):
-    """preflight, on K processes: rank 0 checks the command and fetches the data, the others
-    then check it with the data in place; a bad command is rank 0's one line."""
+def _cmd_run(args: List[str], checked=None) -> int:
     from stabexp import distributed
-
-    checked, error = None, None
-    if distributed.is_rank0():
-        try:
-            checked = preflight(args)
-            if any("${now:" in h for h in checked.hydra_overrides) and distributed.world() > 1:
-                raise ConfigError("a run folder named by ${now:...} would differ between the processes of one "
-                                  "run: give hydra.run.dir (or hydra.sweep.dir) a fixed path")
-        except ConfigError as err:
-            error = str(err)
-    error = distributed.broadcast(error)
-    if error is not None:
-        raise ConfigError(error) if distributed.is_rank0() else SystemExit(2)
-    return checked if distributed.is_rank0() else preflight(args, prepare_data=False)
-
-
-def _cmd_run(args: List[str]) -> int:
-    from stabexp import distributed
+    from stabexp.train.files import locked_message
 
     try:
-        ours, hydra_overrides, multirun, wants_help, _, run_dir = _preflight_on_ranks(args)
+        ours, hydra_overrides, multirun, wants_help, _, run_dir = checked or preflight(args)
     except ConfigError as err:
         print(f"stabexp: error: {err}", file=sys.stderr)
         return 2
@@ -144,11 +129,19 @@ def _cmd_run(args: List[str]) -> int:
         key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
         given = [h[len(key):].strip("'\"") for h in hydra_overrides if h.startswith(key)]
         folder = Path(given[0]) if given else sweep_dir if multirun else run_dir
-        try:
-            if "${" not in str(folder) and distributed.is_rank0():  # an interpolation only Hydra resolves
+        error = None
+        if "${" not in str(folder) and distributed.is_rank0():  # an interpolation only Hydra resolves
+            try:
                 make_folder(folder, "sweep folder" if multirun else "run folder")
-        except ConfigError as err:
-            print(f"stabexp: error: {err}", file=sys.stderr)
+            except ConfigError as err:
+                error = str(err)
+            # A run folder another process holds: one line before Hydra writes into it (a sweep
+            # skips such a job instead, in the task function).
+            error = error or (None if multirun else locked_message(folder))
+        error = distributed.broadcast(error)
+        if error is not None:
+            if distributed.is_rank0():
+                print(f"stabexp: error: {error}", file=sys.stderr)
             return 2
     if not distributed.is_rank0():
         # Hydra's own files (.hydra/, the log file, a sweep's multirun.yaml) come from rank 0:

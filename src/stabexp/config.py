@@ -465,15 +465,18 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.z_loss >= 0, "train.z_loss", tr.z_loss, "must be >= 0 (0 = off)")
     _need(tr.qk_clip_tau >= 0, "train.qk_clip_tau", tr.qk_clip_tau, "must be >= 0 (0 = off)")
     _need(tr.parallel in PARALLEL, "train.parallel", tr.parallel, f"one of {', '.join(PARALLEL)}")
+    # Muon's checkpoint is two optimisers' (train/optim.py), which DCP does not take as one.
+    _need(o.name != "muon" or tr.parallel == "none", "optim.name", o.name,
+          f"cannot be muon with train.parallel={tr.parallel}: Muon runs on one process only")
     if tr.parallel == "fsdp":
-        # These read or rewrite whole weight matrices, which FSDP keeps as shards.
-        _need(o.name != "muon", "optim.name", o.name, "cannot be muon with train.parallel=fsdp (Newton-Schulz "
-              "needs whole matrices): use train.parallel=ddp")
+        # These read or rewrite whole weight matrices, or run passes FSDP's gathered weights do
+        # not cover (train/run.py), which FSDP keeps as shards.
         _need(tr.qk_clip_tau == 0, "train.qk_clip_tau", tr.qk_clip_tau,
               "must be 0 with train.parallel=fsdp (QK-Clip rescales rows of sharded W_q, W_k): use train.parallel=ddp")
         for key in ("weights", "update_bound", "at_init", "dependency", "layer_importance"):
             _need(not cfg.probe[key], f"probe.{key}", cfg.probe[key],
-                  "must be false with train.parallel=fsdp (this probe reads whole weight matrices): "
+                  "must be false with train.parallel=fsdp (this probe reads whole weight matrices or runs "
+                  "outside the gathered-weight passes): "
                   "use train.parallel=ddp")
     if tr.qk_clip_tau > 0:
         _need(cfg.task.kind != "translation", "train.qk_clip_tau", tr.qk_clip_tau,

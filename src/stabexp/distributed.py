@@ -51,6 +51,14 @@ def launched() -> bool:
     return "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
 
 
+def launched_world() -> int:
+    """The number of processes the launcher started (before the process group forms)."""
+    for key in ("WORLD_SIZE", "SUBMITIT_LOCAL_NTASKS", "SLURM_STEP_NUM_TASKS"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 1
+
+
 def _launcher_env() -> None:
     """torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) from submitit's or srun's."""
     if "WORLD_SIZE" in os.environ:
@@ -58,7 +66,8 @@ def _launcher_env() -> None:
     try:
         from submitit.helpers import TorchDistributedEnvironment
 
-        TorchDistributedEnvironment().export()
+        # Not CUDA_VISIBLE_DEVICES: every rank keeps seeing the node's GPUs and picks LOCAL_RANK's.
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         return
     except ImportError:
         pass
@@ -75,23 +84,30 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def setup(device_type: str = "cpu", init_method: Optional[str] = None, rank: Optional[int] = None,
-          world_size: Optional[int] = None) -> None:
-    """Join the process group (once): gloo on the CPU, nccl on CUDA. Without arguments from
-    torchrun's (or srun's) environment; tests pass a file:// init_method, rank and world size."""
+def launcher_rank() -> int:
+    """This process's rank as its launcher numbered it, before any process group exists."""
+    for key in ("RANK", "SUBMITIT_LOCAL_GLOBALID", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def setup(init_method: Optional[str] = None, rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+    """Join the process group (once): gloo for CPU tensors and, where CUDA is, nccl for CUDA
+    tensors on LOCAL_RANK's GPU, so the model's device (train.device) picks the backend.
+    Without arguments from torchrun's (or srun's, or submitit's) environment; tests pass a
+    file:// init_method, rank and world size."""
     if dist.is_initialized():
         return
     timeout = datetime.timedelta(seconds=float(os.environ.get("STABEXP_DIST_TIMEOUT_S", TIMEOUT_S)))
     if init_method is None:
         _launcher_env()
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    kwargs = {}
-    if backend == "nccl":
+    backend = "gloo"
+    if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
-        kwargs["device_id"] = torch.device("cuda", local_rank())
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, init_method=init_method, timeout=timeout,
-                            rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size,
-                            **kwargs)
+                            rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size)
 
 
 def teardown() -> None:
@@ -138,25 +154,21 @@ def gather(obj: Any) -> List[Any]:
     return out
 
 
-def _device_for_collective(t: torch.Tensor) -> torch.Tensor:
-    return t if dist.get_backend() != "nccl" or t.is_cuda else t.cuda()
-
-
 def sum_(t: torch.Tensor) -> torch.Tensor:
     """All ranks' `t` summed, on every rank (one collective; `t` itself when alone)."""
     if world() == 1:
         return t
-    out = _device_for_collective(t.detach().clone())
+    out = t.detach().clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out.to(t.device)
+    return out
 
 
 def max_(t: torch.Tensor) -> torch.Tensor:
     if world() == 1:
         return t
-    out = _device_for_collective(t.detach().clone())
+    out = t.detach().clone()
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return out.to(t.device)
+    return out
 
 
 # --- each rank's share --------------------------------------------------------------------
@@ -214,7 +226,9 @@ def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # The model's buffers (sinusoidal positions) are constants: nothing to broadcast per step.
+        return DistributedDataParallel(model, device_ids=[local_rank()] if device.type == "cuda" else None,
+                                       broadcast_buffers=False)
     if parallel == "fsdp":
         try:
             from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -247,7 +261,8 @@ def is_sharded(model: nn.Module) -> bool:
 def full_weights(model: nn.Module):
     """Under FSDP, the model with every parameter gathered whole, for passes that are not the
     training step (probes, evaluation, decoding): ranks may then run different forwards, and
-    methods other than `forward`, with no collective inside. Elsewhere a no-op."""
+    methods other than `forward`, with no FSDP collective inside (the block's own reductions,
+    such as the eval's sums, are its business). Elsewhere a no-op."""
     if not is_sharded(model):
         yield
         return
@@ -257,16 +272,20 @@ def full_weights(model: nn.Module):
     # (or a method other than forward), so the model is made the root here. Private API: no
     # public one in torch 2.13.
     model._get_fsdp_state()._lazy_init()
-    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for m in modules:
+    # The layers reshard after their forward (fully_shard's default), the root does not (FSDP2's
+    # own choice for the root): only the layers' setting is switched off for the block and back.
+    layers = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+    for m in [model, *layers]:
         m.unshard()
+    for m in layers:
         m.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
-        for m in modules:
-            m.reshard()
+        for m in layers:
             m.set_reshard_after_forward(True, recurse=False)
+        for m in [model, *layers]:
+            m.reshard()
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

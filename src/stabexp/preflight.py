@@ -200,11 +200,15 @@ a single run), multirun True when the run is a multirun (-m, or a
 
 
 def _world(hydra_cfg) -> Tuple[int, bool]:
-    """(processes, in a process group) each job will run on: this one's, or, when Hydra's
-    submitit launcher starts the jobs elsewhere, its nodes x tasks_per_node."""
+    """(processes, in a process group) each job will run on: this one's (torchrun's, srun's), or,
+    when Hydra's submitit launcher starts the jobs elsewhere, its nodes x tasks_per_node."""
+    if distributed.active():
+        return distributed.world(), True
+    if distributed.launched():  # one of K processes, before their group forms
+        return distributed.launched_world(), True
     launcher = hydra_cfg.launcher
-    if distributed.active() or "submitit" not in str(launcher.get("_target_", "")):
-        return distributed.world(), distributed.active()
+    if "submitit" not in str(launcher.get("_target_", "")):
+        return 1, False
     tasks = int(launcher.get("nodes") or 1) * int(launcher.get("tasks_per_node") or 1)
     return tasks, tasks > 1
 

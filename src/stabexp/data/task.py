@@ -104,7 +104,9 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def score(model, batches: Sequence[Batch]) -> torch.Tensor:
     """`token_stats` summed over `batches`. On K processes each rank scores its rows of every
     batch and the three totals are summed across the ranks (one collective), so every rank
-    gets the whole split's numbers (stabexp.distributed)."""
+    gets the whole split's numbers (stabexp.distributed). Ranks run different forwards here (a
+    rank without rows of a batch skips it): under FSDP only inside `distributed.full_weights`,
+    as every caller in the trainer is."""
     stats = [token_stats(model, part) for part in map(distributed.rows, batches) if part[1].shape[0]]
     total = torch.stack(stats).sum(0) if stats else torch.zeros(3, device=batches[0][1].device)
     return distributed.sum_(total)

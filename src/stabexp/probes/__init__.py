@@ -85,7 +85,8 @@ class LayerProbe:
 
     A model sharded by FSDP2 (stabexp.distributed) holds each parameter and gradient as a
     DTensor shard: the squared norms are then taken of the local shards and summed across the
-    ranks by `reduce`, one collective per probe step for all sublayers.
+    ranks by `reduce`, one collective for all sublayers per call (the gradient norms; the
+    relative updates).
     """
 
     def __init__(self, model: Seq2SeqTransformer,

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stabexp import distributed
 from stabexp.errors import ConfigError
-from stabexp.atomic import fsync_dir, write_atomic
+from stabexp.atomic import sync_folder, write_atomic
 
 CHECKPOINT = "checkpoint.pt"
 SHARDED = "checkpoint"  # K processes: a folder (model_and_optim/ by DCP, state.pt)
@@ -80,11 +80,13 @@ def save(out_dir: Path, state: Dict, model=None, optimizer=None) -> None:
     if distributed.is_rank0():
         meta = {"format": FORMAT, "world_size": distributed.world(), "rng": rngs, **state}
         write_atomic(tmp / "state.pt", lambda f: torch.save(meta, f))
+        if old.exists():  # left by a kill between the renames below; `final` is whole then
+            shutil.rmtree(old)
         if final.exists():
             final.rename(old)
         tmp.rename(final)
         shutil.rmtree(old, ignore_errors=True)
-        fsync_dir(out_dir)
+        sync_folder(out_dir)
     distributed.barrier()
 
 
@@ -112,16 +114,18 @@ def load(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
     """The folder's checkpoint, or None when it has none; a checkpoint of another config is an
     error (the folder name comes from the overrides, so this means the configs changed), as is
     one written by another number of processes than this run's."""
-    path, sharded, world = Path(out_dir) / CHECKPOINT, _sharded_path(out_dir), distributed.world()
-    grouped = distributed.active()
+    # What the folder holds is read by rank 0 and taken by every rank, so that all of them
+    # resume (or all start) even where their views of a shared folder lag.
+    path, world, grouped = Path(out_dir) / CHECKPOINT, distributed.world(), distributed.active()
+    sharded = distributed.broadcast(_sharded_path(out_dir) if distributed.is_rank0() else None)
     if sharded is not None and not grouped and not path.exists():
         written = torch.load(sharded / "state.pt", map_location="cpu", weights_only=False).get("world_size")
         raise ConfigError(f"{sharded} was written by {written} processes: resume it with "
                           f"torchrun --nproc-per-node={written} -m stabexp run ... (or overwrite=true)")
     if grouped:
         if path.exists() and sharded is None:
-            raise ConfigError(f"{path} was written by one process: resume it with stabexp run ... on one "
-                              "process (or overwrite=true)")
+            raise ConfigError(f"{path} was written outside a process group: resume it with stabexp run ..., "
+                              "not torchrun (or overwrite=true)")
         if sharded is None:
             return None
         path = sharded / "state.pt"

@@ -154,8 +154,7 @@ class RunLock:
             f.seek(0)
             holder = f.read().strip() or "another process"
             f.close()
-            raise RunLocked(f"{self.path.parent} is being run by {holder}: wait for it, or stop that "
-                            "process (its lock is taken over once it has died)") from None
+            raise RunLocked(_held(self.path.parent, holder)) from None
         try:
             same_file = os.path.samestat(os.fstat(f.fileno()), os.stat(self.path))
         except FileNotFoundError:
@@ -182,6 +181,22 @@ class RunLock:
         fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
         self.file.close()
         self.file = None
+
+
+def _held(out_dir: Path, holder: str) -> str:
+    return (f"{out_dir} is being run by {holder}: wait for it, or stop that process (its lock is taken "
+            "over once it has died)")
+
+
+def locked_message(out_dir: Path) -> Optional[str]:
+    """The one line for a run folder that a live process holds; None when it is free."""
+    if not is_locked(out_dir):
+        return None
+    try:
+        holder = (Path(out_dir) / LOCK).read_text().strip()
+    except FileNotFoundError:  # its holder ended meanwhile
+        return None
+    return _held(Path(out_dir), holder or "another process")
 
 
 def is_locked(out_dir: Path) -> bool:

@@ -200,7 +200,7 @@ class Run:
         if self.cfg.probe.layer_importance:
             record_layer_importance(self, 0)
         if distributed.rank() > 0:
-            # Dropout masks of their own on the other ranks; rank 0 keeps the one-process stream.
+            # Dropout masks of their own on the other ranks (rank 0 goes on with the seed's stream).
             torch.manual_seed(self.cfg.seed + 1_000_003 * distributed.rank())
 
     def probe_at_init(self) -> Dict:
@@ -366,14 +366,13 @@ class Run:
         total = distributed.sum_(torch.stack(torch._foreach_norm(grads)).pow(2).sum()).sqrt()
         torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp(max=1.0))
 
-    def stop_signal(self, received: Optional[int], step: int) -> Optional[int]:
-        """The signal to stop on after `step`: this process's; on K processes the one any rank
-        got, agreed at the steps that sync, so that every rank checkpoints at the same step."""
+    def stop_signal(self, received: Optional[int]) -> Optional[int]:
+        """The signal to stop on after this step: this process's; on K processes the one any
+        rank got, agreed after every step (a CPU tensor, through gloo: no wait for a GPU), so that
+        every rank checkpoints at the same step, well within torchrun's 30 s before it kills."""
         if self.world == 1:
             return received
-        if not self.must_sync(step):
-            return None
-        return int(distributed.max_(torch.tensor([received or 0], device=self.device)).item()) or None
+        return int(distributed.max_(torch.tensor([received or 0])).item()) or None
 
     def diverged(self) -> bool:
         """Read the losses of the steps since the last read (one host sync) and check them in

@@ -108,7 +108,7 @@ def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task:
             for step in range(run.steps_done + 1, cfg.train.steps + 1):
                 if not run.step(step):
                     break
-                signum = run.stop_signal(stop.received, step)
+                signum = run.stop_signal(stop.received)
                 if signum is not None:
                     if run.diverged():
                         break
