@@ -154,21 +154,21 @@ def gather(obj: Any) -> List[Any]:
     return out
 
 
-def sum_(t: torch.Tensor) -> torch.Tensor:
-    """All ranks' `t` summed, on every rank (one collective; `t` itself when alone)."""
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
+    """All ranks' `t` reduced by `op`, on every rank (one collective; `t` itself when alone)."""
     if world() == 1:
         return t
     out = t.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    dist.all_reduce(out, op=op)
     return out
+
+
+def sum_(t: torch.Tensor) -> torch.Tensor:
+    return _all_reduce(t, dist.ReduceOp.SUM)
 
 
 def max_(t: torch.Tensor) -> torch.Tensor:
-    if world() == 1:
-        return t
-    out = t.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return out
+    return _all_reduce(t, dist.ReduceOp.MAX)
 
 
 # --- each rank's share --------------------------------------------------------------------
