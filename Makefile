@@ -6,7 +6,8 @@ BIN    := $(VENV)/bin
 # GPU users: `make install TORCH=torch` (or any pip requirement) before anything else.
 TORCH  ?= torch==2.13.0
 # Optional extras of the package: `make install EXTRAS=test,launchers` adds Hydra's joblib and
-# submitit launchers (SLURM); `make test` installs both, the launcher tests need them.
+# submitit launchers (SLURM); tensorboard, mlflow, wandb: the trackers; hf: Hugging Face datasets.
+# `make test` installs them all: their tests need them.
 EXTRAS ?= test
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
@@ -57,15 +58,17 @@ PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 # torchscale (Microsoft's DeepNet code) for tests/test_crosscheck.py, without its dependencies:
 # its timm pulls torchvision, and scripts/crosscheck_torchscale.py stands in for timm's drop_path.
+TEST_EXTRAS := test,launchers,tensorboard,mlflow,wandb,hf
+
 test:
-	$(MAKE) install EXTRAS=test,launchers
+	$(MAKE) install EXTRAS=$(TEST_EXTRAS)
 	$(BIN)/python -c "import torchscale, fairscale" 2>/dev/null || $(BIN)/pip install -q --no-deps torchscale==0.3.0 fairscale==0.4.0
 	$(PYTEST) tests
 
 # The edit loop: everything but the end-to-end, install, subprocess-signal and compile tests
 # (the `slow` marker, tests/conftest.py), in under 3 minutes on 2 cores.
 test-fast:
-	$(MAKE) install EXTRAS=test,launchers
+	$(MAKE) install EXTRAS=$(TEST_EXTRAS)
 	$(BIN)/python -c "import torchscale, fairscale" 2>/dev/null || $(BIN)/pip install -q --no-deps torchscale==0.3.0 fairscale==0.4.0
 	$(PYTEST) tests -m "not slow"
 

@@ -26,6 +26,7 @@ USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one 
        stabexp report [SWEEP_DIR]                          a sweep as a markdown table (group x depth)
        stabexp bench [--sizes tiny,small] [--depths 6,18,50]  speed and memory against torch.nn.Transformer
        stabexp export RUN_FOLDER [OUT_FILE]                an Admin run's final weights as a Post-LN model
+       stabexp export-tensorboard SWEEP_DIR [--logdir DIR] finished run folders as TensorBoard event files
 Examples:
   stabexp run group=postln depth=18
   stabexp run -m group=postln,postln_warmup depth=6,18
@@ -226,8 +227,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         from stabexp.export import main as export_main
 
         return export_main(rest)
-    print(f"stabexp: error: unknown command {command!r}: use run, list, status, report, bench or export",
-          file=sys.stderr)
+    if command == "export-tensorboard":
+        from stabexp.tracking.export import main as export_tensorboard_main
+
+        return export_tensorboard_main(rest)
+    print(f"stabexp: error: unknown command {command!r}: use run, list, status, report, bench, export or "
+          "export-tensorboard", file=sys.stderr)
     return 2
 
 

@@ -66,7 +66,10 @@ def run_name(overrides) -> str:
     """A folder name made from a job's overrides, so that re-running the same command (or the
     same sweep) finds the same folder. Hydra gives the overrides as `key=value` strings."""
     # `overwrite` says what to do with the folder, so it must not change which folder it is.
-    parts = sorted(str(o) for o in overrides if not str(o).startswith(("hydra", "overwrite=", "+overwrite=")))
+    # Nor do the trackers a run is watched in (`logger=...`): adding TensorBoard to a finished
+    # sweep's command finds the same folders.
+    parts = sorted(str(o) for o in overrides
+                   if not str(o).lstrip("+~").startswith(("hydra", "overwrite=", "logger=", "logger.")))
     # Quotes of quoted values would end the quoted hydra.sweep.dir the CLI passes to Hydra.
     name = "__".join(parts).replace("/", "-").replace(" ", "").replace("'", "").replace('"', "") or "default"
     if len(name) > 150:  # keep under file-system limits, stay deterministic
@@ -174,6 +177,12 @@ class TaskConfig:
     max_len_b: int = 10        # included) + max_len_b tokens, as fairseq's --max-len-a/-b
     bleu: bool = True          # false: no valid_bleu and no test translations (losses only),
                                # for runs too short or too big for decoding to mean anything
+    # translation from a Hugging Face dataset (the `datasets` package, `pip install
+    # stabexp[hf]`; data/hf.py): its splits are written as {split}.{lang} files once and then
+    # read like task.path. A hub id, or a folder saved with Dataset(Dict).save_to_disk.
+    hf_dataset: str = ""
+    hf_config: Optional[str] = None    # the dataset's configuration (wmt14: de-en); null: its default
+    hf_revision: Optional[str] = None  # a commit of the hub repository (pinned by the presets)
 
 
 @dataclass
@@ -266,6 +275,44 @@ class ProbeConfig:
 
 
 @dataclass
+class TensorBoardLogger:
+    """logger=tensorboard: event files, one folder per run under one log dir per sweep."""
+
+    dir: Optional[str] = None  # the log dir; null: `tensorboard/` beside the run folders (the
+                               # sweep folder, or outputs/runs for single runs)
+
+
+@dataclass
+class MlflowLogger:
+    """logger=mlflow: one MLflow experiment per sweep, one MLflow run per job."""
+
+    tracking_uri: Optional[str] = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///<outputs>/mlflow.db
+    experiment: Optional[str] = None    # null: the sweep folder's name (outputs/runs: "runs")
+
+
+@dataclass
+class WandbLogger:
+    """logger=wandb: one W&B run per job, grouped per sweep; offline where no network."""
+
+    project: str = "stabexp"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # null: the sweep folder's name
+    mode: Optional[str] = None   # online, offline or disabled; null: $WANDB_MODE, else online
+                                 # when api.wandb.ai answers within 2 s, offline otherwise
+    dir: Optional[str] = None    # where W&B writes its run files; null: `wandb/` beside the run folders
+
+
+@dataclass
+class LoggerConfig:
+    """Trackers a run also logs to (conf/logger; several at once: logger=[tensorboard,mlflow]).
+    The CSV files and summary.json stay the record; a tracker's failure is a warning."""
+
+    tensorboard: Optional[TensorBoardLogger] = None
+    mlflow: Optional[MlflowLogger] = None
+    wandb: Optional[WandbLogger] = None
+
+
+@dataclass
 class Config:
     group: GroupConfig = MISSING
     model: ModelConfig = MISSING
@@ -273,6 +320,7 @@ class Config:
     optim: OptimConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     depth: int = 18                     # N: encoder layers (and decoder layers unless set)
     decoder_depth: Optional[int] = None  # M, when it differs from N
     seed: int = 0                       # fixes init, data and probe batch
@@ -299,7 +347,8 @@ def _need(ok: bool, key: str, value, allowed: str) -> None:
 def _schema() -> DictConfig:
     """The schema with every group filled in, so that its keys can be listed."""
     return OmegaConf.structured(Config(group=GroupConfig(), model=ModelConfig(),
-                                       task=TaskConfig(), optim=OptimConfig()))
+                                       task=TaskConfig(), optim=OptimConfig(),
+                                       logger=LoggerConfig(TensorBoardLogger(), MlflowLogger(), WandbLogger())))
 
 
 def unknown_key_message(key: str) -> str:

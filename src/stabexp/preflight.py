@@ -17,7 +17,7 @@ from stabexp.config import ConfigError, conf_dir, unknown_key_message, validate,
 # Hydra flags that take a value, so the value is not read as an override.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
                      "-cn", "--config-dir", "-cd", "--experimental-rerun"}
-_CONFIG_GROUPS = ("group", "model", "task", "optim", "experiment", "scale", "robustness")
+_CONFIG_GROUPS = ("group", "model", "task", "optim", "logger", "experiment", "scale", "robustness")
 
 
 def split_args(args: List[str]):
@@ -150,7 +150,9 @@ a single run), multirun True when the run is a multirun (-m, or a
         except Exception as err:
             if not parsed:
                 raise ConfigError(str(err).splitlines()[0]) from None
-            i = next((i for i, line in enumerate(combo) if _is_culprit(line, err)), 0)
+            # The longest key the error names: `logger.tensorboard.dirr`, not `logger`.
+            culprits = [i for i, line in enumerate(combo) if _is_culprit(line, err)]
+            i = max(culprits, key=lambda i: len(combo[i].split("=", 1)[0]), default=0)
             raise ConfigError(_explain(parsed[i], combo[i], err, config_dirs)) from None
 
     GlobalHydra.instance().clear()

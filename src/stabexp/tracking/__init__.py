@@ -1,0 +1,1 @@
+"""Trackers a run logs to besides its CSV files (docs/tracking.md)."""
