@@ -464,8 +464,10 @@ def validate(cfg: DictConfig) -> None:
     if t.kind == "translation":
         from stabexp.data.download import CORPORA
 
-        _need(bool(t.path) or bool(t.download), "task.path", t.path,
-              "needs a folder holding {split}.{lang} files (or task.download)")
+        _need(bool(t.path) or bool(t.download) or bool(t.hf_dataset), "task.path", t.path,
+              "needs a folder holding {split}.{lang} files (or task.download, or task.hf_dataset)")
+        _need(not t.hf_dataset or not (t.path or t.download), "task.hf_dataset", t.hf_dataset,
+              "takes the corpus from the Hugging Face dataset: leave task.path and task.download empty")
         _need(not t.download or t.download in CORPORA, "task.download", t.download,
               f"one of {', '.join(CORPORA)} (or empty, with task.path)")
         _need(t.src_lang != t.tgt_lang, "task.tgt_lang", t.tgt_lang, "must differ from task.src_lang")
