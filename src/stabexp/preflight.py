@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, NamedTuple, Tuple
 
-from stabexp import distributed
+from stabexp import distributed, tracking
 from stabexp.config import ConfigError, conf_dir, unknown_key_message, validate, validate_world
 
 # Hydra flags that take a value, so the value is not read as an override.
@@ -192,6 +192,7 @@ a single run), multirun True when the run is a multirun (-m, or a
                 cfg = compose_one(parsed, combo)
                 validate(cfg)
                 validate_world(cfg, world, grouped)
+                tracking.check(cfg)
                 tasks.setdefault(OmegaConf.to_yaml(cfg.task), cfg)
             if prepare_data:  # every value is good: now the data, once per task, before any job starts
                 for cfg in tasks.values():

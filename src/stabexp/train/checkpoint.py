@@ -51,10 +51,11 @@ def set_rng_state(state: Dict) -> None:
 
 
 def config_text(cfg: DictConfig) -> str:
-    """The config a checkpoint belongs to; `overwrite` says what to do with a folder, not what
-    runs in it."""
+    """The config a checkpoint belongs to; `overwrite` says what to do with a folder, and
+    `logger` where a run is watched, not what runs in it (a tracker may join on resume)."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("overwrite", None)
+    plain.pop("logger", None)
     return OmegaConf.to_yaml(OmegaConf.create(plain))
 
 

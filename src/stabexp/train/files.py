@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from stabexp.atomic import write_atomic
 from stabexp.distributed import is_rank0
@@ -75,10 +75,13 @@ class CsvLog:
 
     `position()` is (data rows, bytes) so far: a checkpoint records it, and a resumed run
     reopens the file cut back to it (`resume_at`), dropping the rows written after that
-    checkpoint, which the resumed run writes again."""
+    checkpoint, which the resumed run writes again. `on_write` sees every row as written (the
+    trackers, stabexp.tracking)."""
 
-    def __init__(self, path: Path, columns, resume_at: Optional[Tuple[int, int]] = None):
+    def __init__(self, path: Path, columns, resume_at: Optional[Tuple[int, int]] = None,
+                 on_write: Optional[Callable[[List[Dict]], None]] = None):
         self.path, self.columns = Path(path), list(columns)
+        self.on_write = on_write
         self.file = None
         if not is_rank0():  # rank 0 writes the rows (and its checkpoint records the positions)
             self.rows = 0
@@ -112,6 +115,8 @@ class CsvLog:
         if self.file is not None:
             self.writer.writerows(rows)
             self.file.flush()
+        if self.on_write is not None:
+            self.on_write(rows)
 
     def position(self) -> Tuple[int, int]:
         if self.file is None:

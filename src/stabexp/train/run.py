@@ -35,6 +35,7 @@ from stabexp.train.qk_clip import QKClip
 from stabexp.train.recording import (LAYERS_COLUMNS, Progress, metrics_columns, record, record_dependency,
                                      record_layer_importance)
 from stabexp.train.schedule import lr_factor
+from stabexp.tracking import Trackers
 
 log = logging.getLogger("stabexp")
 
@@ -68,9 +69,10 @@ class Run:
     """One run's live state. `state`: a checkpoint to continue from, else a new run."""
 
     def __init__(self, cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task,
-                 show_progress: bool = True, state: Optional[Dict] = None):
+                 show_progress: bool = True, state: Optional[Dict] = None, trackers: Optional[Trackers] = None):
         self.train_cfg = cfg.train
         self.cfg, self.out_dir, self.summary, self.task = cfg, Path(out_dir), summary, task
+        self.trackers = trackers if trackers is not None else Trackers()  # they see every row written
         # A resumed run's clock continues where the checkpoint left it (elapsed_s).
         self.start = start - (state["elapsed"] if state else 0.0)
         self._build_model(state)
@@ -172,11 +174,12 @@ class Run:
     def _begin(self) -> None:
         """A new run: its files, F(x, theta_0), and the step-0 rows."""
         columns = metrics_columns(self.task.eval_columns)
+        self.trackers.start(self.summary)  # the config and the init rule's constants
         # Exploding = above explode_factor times the larger of the chance loss and the first
         # loss (the first loss can sit far above chance: tied embeddings, strong identity path).
         self.explode_at = float("inf")
-        self.metrics = CsvLog(self.out_dir / "metrics.csv", columns)
-        self.layers = CsvLog(self.out_dir / "layers.csv", LAYERS_COLUMNS)
+        self.metrics = CsvLog(self.out_dir / "metrics.csv", columns, on_write=self.trackers.metrics_rows)
+        self.layers = CsvLog(self.out_dir / "layers.csv", LAYERS_COLUMNS, on_write=self.trackers.layers_rows)
         self.bound_log = CsvLog(self.out_dir / UPDATE_BOUND, update_bound.COLUMNS) if self.bound is not None else None
         self.steps_done = 0
         self.result = {"status": "completed", "diverged_at_step": None, "first_loss": None,
@@ -240,7 +243,7 @@ class Run:
         return {"config": checkpoint.config_text(self.cfg), "step": self.steps_done, **tensors,
                 "schedule": self.sched.state_dict(), "rng": checkpoint.rng_state(),
                 "task": self.task.state_dict(), "probes": probes, "result": dict(self.result),
-                "explode_at": self.explode_at, "summary": self.summary,
+                "explode_at": self.explode_at, "summary": self.summary, "trackers": self.trackers.state(),
                 "elapsed": time.perf_counter() - self.start,
                 "csv": {"metrics": self.metrics.position(), "layers": self.layers.position(),
                         "update_bound": self.bound_log.position() if self.bound_log else None}}
@@ -260,8 +263,10 @@ class Run:
         self.result, self.explode_at = dict(state["result"]), state["explode_at"]
         self.steps_done = state["step"]
         # Rows written after the checkpoint are cut: the resumed run writes them again.
-        self.metrics = CsvLog(self.out_dir / "metrics.csv", columns, resume_at=state["csv"]["metrics"])
-        self.layers = CsvLog(self.out_dir / "layers.csv", LAYERS_COLUMNS, resume_at=state["csv"]["layers"])
+        self.metrics = CsvLog(self.out_dir / "metrics.csv", columns, resume_at=state["csv"]["metrics"],
+                              on_write=self.trackers.metrics_rows)
+        self.layers = CsvLog(self.out_dir / "layers.csv", LAYERS_COLUMNS, resume_at=state["csv"]["layers"],
+                             on_write=self.trackers.layers_rows)
         self.bound_log = (CsvLog(self.out_dir / UPDATE_BOUND, update_bound.COLUMNS,
                                  resume_at=state["csv"]["update_bound"]) if self.bound is not None else None)
         self.task.load_state_dict(state["task"])

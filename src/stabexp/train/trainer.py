@@ -29,6 +29,8 @@ from stabexp.train.files import SUMMARY, RunLock, RunLocked, read_summary, write
 from stabexp.train.recording import group_name
 from stabexp.train.run import Run, check_parallel, device_of
 from stabexp.train.stop import RunStopped, StopRequests
+from stabexp import tracking
+from stabexp.tracking import Trackers
 
 log = logging.getLogger("stabexp")
 
@@ -50,6 +52,7 @@ def train(cfg: DictConfig, out_dir) -> Dict:
     """
     validate(cfg)
     validate_world(cfg, distributed.world(), distributed.active())
+    tracking.check(cfg)
     out_dir = Path(out_dir)
     done = distributed.broadcast(_finished(out_dir, cfg) if distributed.is_rank0() else None)
     if done:
@@ -70,9 +73,11 @@ def train(cfg: DictConfig, out_dir) -> Dict:
         distributed.barrier()
         state = checkpoint.load(out_dir, cfg)
         summary = _new_summary(cfg, out_dir) if state is None else _resumed_summary(state, out_dir)
+        # TensorBoard, MLflow, W&B (logger=...): they see the rows as written, and the end.
+        trackers = Trackers.open(cfg, out_dir, state)
         start = time.perf_counter()
         try:
-            summary.update(run_steps(cfg, out_dir, summary, start, task, state))
+            summary.update(run_steps(cfg, out_dir, summary, start, task, state, trackers))
         except (KeyboardInterrupt, RunStopped):
             summary.update(status="interrupted", wall_seconds=summary.get("wall_seconds") or
                            time.perf_counter() - start)
@@ -88,6 +93,8 @@ def train(cfg: DictConfig, out_dir) -> Dict:
             except OSError as cannot_record:
                 log.error("could not record the failure in %s: %s", out_dir, cannot_record)
             raise
+        finally:
+            trackers.finish(summary, out_dir)
         write_json(out_dir / SUMMARY, summary)
         distributed.barrier()
         checkpoint.remove(out_dir)
@@ -97,11 +104,11 @@ def train(cfg: DictConfig, out_dir) -> Dict:
 
 
 def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task,
-              state: Optional[Dict] = None) -> Dict:
+              state: Optional[Dict] = None, trackers: Optional[Trackers] = None) -> Dict:
     """The loop: steps, with a checkpoint every train.checkpoint_every steps and when the
     process is asked to stop (then RunStopped); then what the task measures at the end."""
     memory.reset(device_of(cfg.train.device))  # the peak of this run, not of earlier jobs of a sweep
-    run = Run(cfg, out_dir, summary, start, task, state=state)
+    run = Run(cfg, out_dir, summary, start, task, state=state, trackers=trackers)
     stop = StopRequests()
     try:
         with stop:
@@ -167,7 +174,10 @@ def _claim(lock: RunLock, out_dir: Path, cfg: DictConfig):
 
 def _new_summary(cfg: DictConfig, out_dir: Path) -> Dict:
     if distributed.is_rank0():
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        # Without the trackers: where a run is watched is not what it ran (the same file either way).
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        plain.pop("logger", None)
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plain)))
     return {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
             "group": group_name(cfg), "arch": cfg.model.arch, "depth": cfg.depth,
             # A single-stack model has `depth` layers and no second stack.
