@@ -1,6 +1,7 @@
-"""Machine translation on parallel text from disk (`task=translation`) or downloaded on first use
-(`task=multi30k`): joint subwords, length-bucketed batches, validation loss / perplexity /
-BLEU at eval steps, and test BLEU with the translations saved at the end of a completed run.
+"""Machine translation on parallel text from disk (`task=translation`), downloaded on first use
+(`task=multi30k`) or written once from a Hugging Face dataset (`task.hf_dataset`, data/hf.py):
+joint subwords, length-bucketed batches, validation loss / perplexity / BLEU at eval steps, and
+test BLEU with the translations saved at the end of a completed run.
 
 BLEU is sacreBLEU's corpus score (default 13a tokenisation, mixed case) of detokenised
 hypotheses against the raw reference lines, the way WMT scores are reported (Post 2018).
@@ -44,15 +45,32 @@ class Corpus:
 
 
 def corpus_folder(task_cfg) -> Path:
-    """task.path when set, else the download cache's copy of task.download (fetched if missing)."""
+    """task.path when set; the files written from task.hf_dataset (once, data/hf.py); else the
+    download cache's copy of task.download (fetched if missing)."""
     if task_cfg.path:
         return Path(task_cfg.path).expanduser().resolve()
+    if task_cfg.hf_dataset:
+        from stabexp.data.hf import materialise  # `datasets` itself only when files are missing
+
+        return materialise(task_cfg, data_root())
     return ensure_corpus(CORPORA[task_cfg.download], data_root(), task_cfg.url)
+
+
+def corpus_name(task_cfg, folder: Path) -> str:
+    """The name the tokenizer cache files start with: the download's, the dataset's, the folder's."""
+    if task_cfg.download:
+        return task_cfg.download
+    if task_cfg.hf_dataset:
+        from stabexp.data.hf import corpus_name as hf_name
+
+        return hf_name(task_cfg)
+    return folder.name
 
 
 def load_corpus(task_cfg) -> Corpus:
     """Read and check the three splits, learn (or load) the subword vocabulary and encode. Raises
-    DataError before anything but the download and the tokenizer cache is written."""
+    DataError (ConfigError for a bad task.hf_*) before anything but the download, the files
+    written from a Hugging Face dataset and the tokenizer cache is written."""
     folder = corpus_folder(task_cfg)
     names = {"train": task_cfg.train_split, "valid": task_cfg.valid_split, "test": task_cfg.test_split}
     text = {role: read_split(folder, names[role], task_cfg.src_lang, task_cfg.tgt_lang) for role in ROLES}
@@ -60,7 +78,7 @@ def load_corpus(task_cfg) -> Corpus:
     by_lang = {task_cfg.src_lang: train.src, task_cfg.tgt_lang: train.tgt}
     subwords = learn_or_load([train.src_file, train.tgt_file],
                              [line for lang in sorted(by_lang) for line in by_lang[lang]],  # either direction alike
-                             task_cfg.download or folder.name, sorted(by_lang), task_cfg.subword,
+                             corpus_name(task_cfg, folder), sorted(by_lang), task_cfg.subword,
                              task_cfg.vocab_size, tokenizer_caches(data_root()))
     splits = {role: _encode(text[role], subwords, task_cfg.max_len, drop=role == "train") for role in ROLES}
     if not splits["train"].src:
