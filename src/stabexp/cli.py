@@ -197,6 +197,28 @@ def cmd_list(args: List[str] = ()) -> int:
     print("\nExperiment presets (stabexp run experiment=NAME [scale=quick]; all: make reproduce):")
     for path in presets:
         print(f"  {path.stem:<{width}}  {_preset_description(path)}")
+    # Plug-ins (docs/plugins.md): other packages' entry points, read without importing them,
+    # and the groups whose placement or init rule is a dotted path to a user's module.
+    from stabexp import plugins
+
+    found = plugins.plugins()
+    if found:
+        width = max(len(f"{p.kind} {p.name}") for p in found)
+        print("\nPlug-ins of other packages (entry points):")
+        for p in found:
+            print(f"  {f'{p.kind} {p.name}':<{width}}  {p.value}  [{p.distribution}]")
+    dotted = []
+    for path in config_files("group", user_dirs):
+        g = yaml.safe_load(path.read_text()) or {}
+        keys = [f"{key}: {g[key]}" for key in ("residual", "encoder_residual", "decoder_residual", "init")
+                if plugins.is_dotted_path(g.get(key))]
+        if keys:
+            dotted.append((g.get("name", path.stem), ", ".join(keys), path))
+    if dotted:
+        width = max(len(name) for name, *_ in dotted)
+        print("\nGroups with a plug-in (a dotted path, imported from PYTHONPATH when the group runs):")
+        for name, keys, path in dotted:
+            print(f"  {name:<{width}}  {keys}  ({path})")
     print(f"\nConfigs: {', '.join(str(d) for d in (conf_dir(), *user_dirs))}; run folders: {outputs_dir()}")
     return 0
 

@@ -96,11 +96,11 @@ if not OmegaConf.has_resolver("stabexp_outputs"):
 SCHEDULES = ("constant", "warmup_inverse_sqrt", "inverse_sqrt_nowarmup", "warmup_linear_decay")
 # transformer: the encoder-decoder; decoder_only / encoder_only: one stack (model/lm.py).
 ARCHS = ("transformer", "decoder_only", "encoder_only", "normmlp")
-TASKS_OF_ARCH = {"transformer": ("sort", "reverse", "translation"), "decoder_only": ("lm",), "encoder_only": ("lm",),
-                 "normmlp": ("teacher",)}
+# Which archs a task trains, and whether an init rule's constants exist for an encoder-decoder
+# only (T-Fixup's encoder and decoder factors), the task and the rule say themselves, built-in
+# or plug-in: `archs` of a task factory (data/__init__.py), `encoder_decoder_only` of a rule
+# (model/init.py); stabexp.plugins finds them.
 SUBWORDS = ("bpe", "unigram")  # and char, for task=lm
-# Init rules whose constants exist for an encoder-decoder only (T-Fixup's encoder and decoder factors).
-ENCODER_DECODER_ONLY = ("t_fixup",)
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -400,11 +400,21 @@ def validate_world(cfg: DictConfig, world: int, grouped: bool) -> None:
           f"must be a multiple of the {world} processes (each trains on an equal share of every batch)")
 
 
+def _tasks_of_arch(arch: str) -> List[str]:
+    """The registered task kinds that train model.arch `arch` (for messages)."""
+    from stabexp import plugins
+
+    return [kind for kind, task in plugins.registered("task").items() if arch in getattr(task, "archs", ())]
+
+
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError with one line naming the bad value and what is allowed."""
-    from stabexp.model.init import INIT_RULES
-    from stabexp.model.transformer import NORMS, PLACEMENTS
-    from stabexp.train.optim import DECAY_ON, OPTIMISERS
+    """Raise ConfigError with one line naming the bad value and what is allowed. Placements,
+    init rules, tasks and optimisers are resolved through stabexp.plugins, so a user's plug-in
+    (a dotted path, another package's entry point) is imported and checked here, before a run
+    starts."""
+    from stabexp import plugins, theory
+    from stabexp.model.transformer import NORMS
+    from stabexp.train.optim import DECAY_ON, torch_form
 
     _check_known_keys(cfg, _schema())
     _check_finite(cfg)
@@ -414,31 +424,33 @@ def validate(cfg: DictConfig) -> None:
               "must be an integer >= 1 (or null for decoder_depth = depth)")
     m = cfg.model
     _need(m.arch in ARCHS, "model.arch", m.arch, f"one of {', '.join(ARCHS)}")
-    _need(cfg.task.kind in TASKS_OF_ARCH[m.arch], "task", cfg.task.name,
-          f"model.arch={m.arch} trains on tasks of kind {', '.join(TASKS_OF_ARCH[m.arch])}")
+    task = plugins.check("task", cfg.task.kind, "task.kind")
+    _need(m.arch in task.archs, "task", cfg.task.name,
+          f"model.arch={m.arch} trains on tasks of kind {', '.join(_tasks_of_arch(m.arch))}")
     g = cfg.group
     if m.arch in ("decoder_only", "encoder_only"):
         _need(cfg.decoder_depth is None, "decoder_depth", cfg.decoder_depth,
               f"model.arch={m.arch} has one stack of `depth` layers (leave decoder_depth null)")
-        _need(g.init not in ENCODER_DECODER_ONLY, "group.init", g.init,
+        rule = plugins.check("init", g.init, "group.init")
+        _need(not getattr(rule, "encoder_decoder_only", False), "group.init", g.init,
               f"its constants are defined for an encoder-decoder only (model.arch=transformer), "
               f"not for model.arch={m.arch}")
-    _need(g.residual in PLACEMENTS, "group.residual", g.residual, f"one of {', '.join(PLACEMENTS)}")
+    plugins.check("placement", g.residual, "group.residual")
     for key in ("encoder_residual", "decoder_residual"):
         if g[key] is not None:
-            _need(g[key] in PLACEMENTS, f"group.{key}", g[key], f"one of {', '.join(PLACEMENTS)} (or null)")
+            plugins.check("placement", g[key], f"group.{key}")
             _need(m.arch == "transformer", f"group.{key}", g[key],
                   f"a placement per stack needs the encoder-decoder (model.arch=transformer), "
                   f"not model.arch={m.arch}")
     placements = {g[f"{s}_residual"] or g.residual for s in ("encoder", "decoder")}
     for placement in sorted(placements):
-        _need(m.arch != "transformer" or PLACEMENTS[placement].encoder_decoder, "group.residual", placement,
+        _need(m.arch != "transformer" or plugins.placement(placement).encoder_decoder, "group.residual", placement,
               f"its paper defines it for decoder-only LMs: model.arch=decoder_only (or encoder_only), "
               f"not the encoder-decoder (group={g.name})")
     _need(0.0 <= g.mix_ratio <= 1.0, "group.mix_ratio", g.mix_ratio, "must be in [0, 1]")
     for key in ("dyt_alpha", "dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):
         _need(m[key] is None or m[key] > 0, f"model.{key}", m[key], "must be > 0 (or null for the per-site keys)")
-    _need(g.init in INIT_RULES, "group.init", g.init, f"one of {', '.join(INIT_RULES)}")
+    plugins.check("init", g.init, "group.init")
     _need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
     _need(g.init not in ("admin_profiled", "admin_closed_form") or placements == {"admin"}, "group.init",
           g.init, f"{g.init} sets Admin's omegas, so it needs group.residual=admin in every stack")
@@ -446,7 +458,7 @@ def validate(cfg: DictConfig) -> None:
     _need(g.norm is None or g.norm in NORMS, "group.norm", g.norm, f"one of {', '.join(NORMS)} (or null)")
     norm, norm_key = model_norm(cfg), "group.norm" if g.norm else "model.norm"
     for placement in sorted(placements):
-        _need(norm == "layernorm" or PLACEMENTS[placement].has_norm, norm_key, norm,
+        _need(norm == "layernorm" or plugins.placement(placement).has_norm, norm_key, norm,
               f"group.residual={placement} has no normalisation to replace (layernorm only)")
     for key in ("d_model", "ffn_dim", "n_heads"):
         _need(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
@@ -477,7 +489,7 @@ def validate(cfg: DictConfig) -> None:
         _need(t.max_len_a >= 0, "task.max_len_a", t.max_len_a, "must be >= 0")
         _need(t.bleu_sentences >= 0, "task.bleu_sentences", t.bleu_sentences, "must be >= 0 (0: all)")
     o = cfg.optim
-    _need(o.name in OPTIMISERS, "optim.name", o.name, f"one of {', '.join(OPTIMISERS)}")
+    plugins.check("optimiser", o.name, "optim.name")
     _need(0.0 <= o.momentum < 1.0, "optim.momentum", o.momentum, "must be in [0, 1)")
     _need(o.decay_on in DECAY_ON, "optim.decay_on", o.decay_on, f"one of {', '.join(DECAY_ON)}")
     _need(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
@@ -490,8 +502,10 @@ def validate(cfg: DictConfig) -> None:
 
         _need(hasattr(torch.optim, "Muon"), "optim.name", o.name,
               f"needs torch.optim.Muon (PyTorch 2.9 or later); this torch is {torch.__version__}")
-    _need(o.name != "muon" or not cfg.probe.weights, "probe.weights", cfg.probe.weights,
-          "its effective lr is derived for sgd, sgdm, adam and adamw, not optim.name=muon")
+    # Muon, RAdam and a plug-in optimiser have none (theory.py); torch_form gives the name alone here.
+    _need(not cfg.probe.weights or torch_form(o.name, 0.0, 1.0)[0] in theory.OPTIMISERS,
+          "probe.weights", cfg.probe.weights,
+          f"its effective lr is derived for sgd, sgdm, adam and adamw, not optim.name={o.name}")
     _need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
     tr = cfg.train
     _need(tr.steps >= 0, "train.steps", tr.steps, "must be an integer >= 0 (0 = probes at init only)")
@@ -534,7 +548,7 @@ def validate(cfg: DictConfig) -> None:
               "takes each head's largest logit over every query, and padded translation batches have "
               "queries no loss reads: language-model and synthetic tasks only")
         _need(m.arch != "normmlp", "train.qk_clip_tau", tr.qk_clip_tau, "clips attention, and model=normmlp has none")
-        _need(not m.qk_norm and not any(PLACEMENTS[x].qkv_norm for x in placements), "train.qk_clip_tau",
+        _need(not m.qk_norm and not any(plugins.placement(x).qkv_norm for x in placements), "train.qk_clip_tau",
               tr.qk_clip_tau, "scales W_q and W_k, which normalised q and k (model.qk_norm, hybridnorm) do not feel")
         _need(not tr.activation_checkpointing and not tr.compile, "train.qk_clip_tau", tr.qk_clip_tau,
               "reads each step's logits by hook, which train.activation_checkpointing and train.compile do not run")

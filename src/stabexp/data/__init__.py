@@ -5,31 +5,89 @@
 - teacher: classification by a random teacher (the SMD study's normalised network);
 - translation: parallel text from a folder, or a corpus downloaded on first use (multi30k);
 - lm: language modelling on English text (built in, or a folder), for the single-stack models.
+
+TASKS maps each task kind to its factory (cfg, device) -> Task, which declares the model archs
+it trains (`archs`). It is the package's entry point of the stabexp.tasks group: `task.kind`
+is looked up through stabexp.plugins, which also finds the tasks of other packages and a
+user's Task subclass named by a dotted path (`as_task_factory`; docs/plugins.md).
 """
 
+from typing import Callable
+
+from stabexp import plugins
 from stabexp.data.symbols import SYMBOL_TASKS, ReverseTask, SortTask, SymbolTask
 from stabexp.data.task import Task
 from stabexp.data.teacher import TeacherTask
+from stabexp.errors import ConfigError
 
-KINDS = (*SYMBOL_TASKS, "teacher", "translation", "lm")
+
+def trains(*archs: str) -> Callable:
+    """Mark a task factory with the model.arch values it trains (a task's `archs`)."""
+    def mark(factory: Callable) -> Callable:
+        factory.archs = archs
+        return factory
+    return mark
+
+
+def _sizes(cfg) -> dict:
+    t = cfg.task
+    return {"batch_size": cfg.train.batch_size, "eval_batch_size": t.eval_batch_size,
+            "probe_batch_size": t.probe_batch_size, "label_smoothing": cfg.train.label_smoothing}
+
+
+def _symbols(task_class) -> Callable:
+    @trains("transformer")
+    def make(cfg, device) -> Task:
+        return task_class(cfg.task.vocab_size, cfg.task.seq_len, cfg.seed, device, **_sizes(cfg))
+    return make
+
+
+@trains("normmlp")
+def _teacher(cfg, device) -> Task:
+    t = cfg.task
+    return TeacherTask(t.in_dim, t.classes, cfg.seed, device, t.label_noise, **_sizes(cfg))
+
+
+@trains("transformer")
+def _translation(cfg, device) -> Task:
+    from stabexp.data.translation import TranslationTask
+
+    return TranslationTask(cfg, device)
+
+
+@trains("decoder_only", "encoder_only")
+def _language_model(cfg, device) -> Task:
+    from stabexp.data.lm import LanguageModelTask
+
+    return LanguageModelTask(cfg, device)
+
+
+TASKS = {**{kind: _symbols(task_class) for kind, task_class in SYMBOL_TASKS.items()},
+         "teacher": _teacher, "translation": _translation, "lm": _language_model}
+KINDS = tuple(TASKS)  # the built-in task kinds
+
+
+def as_task_factory(obj) -> Callable:
+    """What a task kind or dotted path may lead to (stabexp.plugins): a Task subclass whose
+    constructor takes (cfg, device), or a factory (cfg, device) -> Task; either names the
+    model.arch values it trains in `archs` (a class attribute, or set by `trains`)."""
+    if (isinstance(obj, type) and not issubclass(obj, Task)) or not callable(obj):
+        raise plugins.Rejected(f"it is {plugins.what_is(obj)}, not a Task subclass or a factory (cfg, device) -> Task")
+    if not plugins.takes(obj, "cfg", "device"):
+        raise plugins.Rejected("it is a task that cannot be made as task(cfg, device)")
+    archs = getattr(obj, "archs", ())
+    if not archs or isinstance(archs, str) or not all(isinstance(a, str) for a in archs):
+        raise plugins.Rejected("it is a task that names no model archs it trains: give it archs = ('transformer',) "
+                               "(or decoder_only, encoder_only, normmlp)")
+    return obj
 
 
 def make_task(cfg, device) -> Task:
     """The task a run's config describes (cfg.task, with the batch settings of cfg.train)."""
-    t = cfg.task
-    if t.kind == "translation":
-        from stabexp.data.translation import TranslationTask
-
-        return TranslationTask(cfg, device)
-    if t.kind == "lm":
-        from stabexp.data.lm import LanguageModelTask
-
-        return LanguageModelTask(cfg, device)
-    sizes = {"batch_size": cfg.train.batch_size, "eval_batch_size": t.eval_batch_size,
-             "probe_batch_size": t.probe_batch_size, "label_smoothing": cfg.train.label_smoothing}
-    if t.kind == "teacher":
-        return TeacherTask(t.in_dim, t.classes, cfg.seed, device, t.label_noise, **sizes)
-    return SYMBOL_TASKS[t.kind](t.vocab_size, t.seq_len, cfg.seed, device, **sizes)
+    task = plugins.task_factory(cfg.task.kind)(cfg, device)
+    if not isinstance(task, Task):
+        raise ConfigError(f"task.kind={cfg.task.kind} is not allowed: it made {plugins.what_is(task)}, not a Task")
+    return task
 
 
 def prepare(cfg) -> None:
@@ -47,4 +105,5 @@ def prepare(cfg) -> None:
         LanguageModelTask(cfg, torch.device("cpu"))
 
 
-__all__ = ["ReverseTask", "SortTask", "SymbolTask", "TeacherTask", "Task", "KINDS", "make_task", "prepare"]
+__all__ = ["ReverseTask", "SortTask", "SymbolTask", "TeacherTask", "Task", "TASKS", "KINDS", "make_task", "prepare",
+           "trains", "as_task_factory"]

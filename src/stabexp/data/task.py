@@ -1,6 +1,9 @@
 """What the trainer asks of a task, and nothing more (fairseq's split between task and model):
 batches, the training loss, the eval columns at eval steps, and what a finished run reports.
 
+A task of a user's own subclasses Task, takes (cfg, device) in its constructor and names the
+model archs it trains in `archs` (docs/plugins.md).
+
 A batch is (src, tgt_in, tgt_out), token ids of shape (B, S), (B, T), (B, T): tgt_in is the
 target shifted right behind BOS, tgt_out the tokens to predict. A task with variable-length
 batches pads them with `pad_id` on the right; the loss and the probes skip those positions.
@@ -27,6 +30,9 @@ class Task:
     max_positions: int = 512       # the longest sequence the model must embed
     target_tokens: int = 0         # real target tokens in the training batches drawn so far
     eval_columns: Tuple[str, ...] = ("eval_loss", "eval_acc")  # what `evaluate` returns
+    # The model.arch values the task trains: what a Task subclass given as a plug-in declares
+    # (stabexp.plugins; the built-ins' factories in data/__init__.py declare theirs with `trains`).
+    archs: Tuple[str, ...] = ()
 
     @property
     def chance_loss(self) -> float:

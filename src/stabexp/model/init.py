@@ -6,7 +6,9 @@ code differs: docs/methods.md, "Initialisation rules", "DeepNorm constants" and 
 
 Each rule takes a freshly built Seq2SeqTransformer and a callable giving one training batch
 (only Admin's profiling needs it) and returns the constants it resolved, for summary.json.
-A new rule is one function here plus its entry in INIT_RULES.
+A new rule is one function here plus its entry in INIT_RULES, or a function of a user's own
+module named by a dotted path or an entry point (stabexp.plugins, `as_init_rule`). A rule whose
+constants exist for an encoder-decoder only says so: `rule.encoder_decoder_only = True`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Callable, Dict, Tuple
 import torch
 import torch.nn as nn
 
+from stabexp import plugins
 from stabexp.model.transformer import NORM_TYPES, Residual, Seq2SeqTransformer
 from stabexp.modes import train_mode
 
@@ -192,6 +195,9 @@ def t_fixup(model: Seq2SeqTransformer, batch: Callable[[], Batch] = None) -> Dic
     return {"t_fixup": k}
 
 
+t_fixup.encoder_decoder_only = True  # its factors are the encoder's and the decoder's
+
+
 def subln_encoder_decoder(n_enc: int, n_dec: int) -> Dict[str, float]:
     """Sub-LN's gamma (Magneto, arXiv 2210.06423) for an encoder-decoder:
     encoder sqrt(ln(3M) ln(2N) / 3), decoder sqrt(ln 3M); a single stack of L layers
@@ -357,3 +363,13 @@ INIT_RULES: Dict[str, Callable[..., Dict]] = {
     "t_fixup": t_fixup,
     "subln": subln,
 }
+
+
+def as_init_rule(obj) -> Callable[..., Dict]:
+    """What a name or dotted path may lead to (stabexp.plugins): a function (model, batch) ->
+    dict of the constants it resolved, which land in summary.json's `constants`."""
+    if not callable(obj) or isinstance(obj, type):
+        raise plugins.Rejected(f"it is {plugins.what_is(obj)}, not a function (model, batch) -> dict")
+    if not plugins.takes(obj, "model", "batch"):
+        raise plugins.Rejected("it is a function that cannot be called as rule(model, batch)")
+    return obj

@@ -17,8 +17,8 @@ from typing import Dict, Iterator, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from stabexp import plugins
 from stabexp.model.transformer import (
-    PLACEMENTS,
     DenseHistory,
     EncoderLayer,
     Residual,
@@ -37,7 +37,7 @@ class LanguageModel(TokenModel):
     def __init__(self, c: TransformerConfig, arch: str):
         super().__init__(c, stacks=(SINGLE_STACK[arch],))
         self.arch, self.stack = arch, SINGLE_STACK[arch]
-        p = PLACEMENTS[c.residual]
+        p = plugins.placement(c.residual)
         causal = self.stack == "decoder"
         n = c.decoder_layers if causal else c.encoder_layers
         layers = nn.ModuleList(EncoderLayer(c, causal=causal, stack=self.stack, layer=i) for i in range(1, n + 1))

@@ -4,6 +4,9 @@ single-stack models of model/lm.py reuse its layers).
 Read top-down: the norms, the branches (attention, FFN) with their optional slots, the residual
 placements (one small class each, its formula and citation in its forward), PLACEMENTS (which
 pieces each `residual` style builds), DLCL's dense layer history, the layers, the model.
+A placement name is looked up through stabexp.plugins, where PLACEMENTS is registered as the
+package's entry point beside those of other packages, and where a dotted path to a user's
+Residual subclass or Placement is resolved (`as_placement`; docs/plugins.md).
 Initialisation rules live in model/init.py; this file only builds the shapes and the forward.
 docs/methods.md, "Residual placements", gives every formula with its paper and the authors' code.
 
@@ -38,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from stabexp import plugins
 from stabexp.model_options import ModelOptions
 
 
@@ -49,7 +53,7 @@ class TransformerConfig(ModelOptions):
     vocab_size: int            # shared source/target vocabulary (embeddings tied with the output)
     encoder_layers: int = 6    # N
     decoder_layers: int = 6    # M
-    residual: str = "postln"   # a key of PLACEMENTS: the placement of every stack...
+    residual: str = "postln"   # a placement name (PLACEMENTS) or dotted path: that of every stack...
     encoder_residual: Optional[str] = None  # ... unless a stack has its own (Admin's hybrids,
     decoder_residual: Optional[str] = None  # e.g. a Post-LN encoder under a Pre-LN decoder)
     encoder_alpha: float = 1.0  # DeepNorm's residual scale alpha for the encoder stack
@@ -61,7 +65,7 @@ class TransformerConfig(ModelOptions):
                                # folded from Admin keeps of the first omega (model/fold.py)
 
     def placement(self, stack: str) -> str:
-        """The PLACEMENTS key of `stack` ("encoder" or "decoder")."""
+        """The placement name of `stack` ("encoder" or "decoder")."""
         own = self.encoder_residual if stack == "encoder" else self.decoder_residual
         return own if own is not None else self.residual
 
@@ -305,6 +309,13 @@ class Residual(nn.Module):
     the residual stream names it `ln` (the module docstring says why the names matter)."""
 
     has_norm = True  # False: the placement has no normalisation at all
+    # What the class says of the Placement it makes on its own (`Placement.of`: a user's
+    # Residual subclass named by a dotted path or an entry point); PLACEMENTS spells the
+    # built-ins out in full.
+    final_norm = False       # True: each stack ends with a norm (Pre-LN-like: the stream itself is
+                             # never normalised)
+    encoder_decoder = True   # False: defined for one stack (decoder-only LMs), so an
+                             # encoder-decoder is refused
 
     def __init__(self, branch: nn.Module, c: TransformerConfig, stack: str, shared: Dict[str, nn.Parameter],
                  layer: int = 1):
@@ -329,6 +340,8 @@ class PostLN(Residual):
 
 
 class PreLN(Residual):
+    final_norm = True
+
     def __init__(self, branch, c, stack, shared, layer=1):
         super().__init__(branch, c, stack, shared, layer)
         self.ln = make_norm(c.norm, c.d_model)
@@ -411,6 +424,8 @@ class Plain(Residual):
 
 
 class Sandwich(Residual):
+    final_norm = True
+
     def __init__(self, branch, c, stack, shared, layer=1):
         super().__init__(branch, c, stack, shared, layer)
         self.ln = make_norm(c.norm, c.d_model)
@@ -436,6 +451,8 @@ class NormedStream(Residual):
 
 
 class ReorderedNorm(Residual):
+    final_norm, encoder_decoder = True, False
+
     def __init__(self, branch, c, stack, shared, layer=1):
         super().__init__(branch, c, stack, shared, layer)
         self.ln_out = make_norm(c.norm, c.d_model)
@@ -448,6 +465,8 @@ class ReorderedNorm(Residual):
 
 
 class LayerNormScaled(PreLN):
+    encoder_decoder = False
+
     def __init__(self, branch, c, stack, shared, layer=1):
         super().__init__(branch, c, stack, shared, layer)
         self.depth_scale = 1.0 / math.sqrt(layer)
@@ -486,6 +505,13 @@ class Placement:
     def has_norm(self) -> bool:
         """False when no layer of the placement has a norm (ReZero, Fixup, T-Fixup)."""
         return self.residual.has_norm
+
+    @classmethod
+    def of(cls, residual: type) -> "Placement":
+        """The Placement a Residual subclass makes on its own: every sublayer that residual, no
+        slots filled, the stack ends and the encoder-decoder as its class attributes say."""
+        return cls(residual, final=_final_norm if residual.final_norm else None,
+                   encoder_decoder=residual.encoder_decoder)
 
 
 def _final_norm(c, stack):
@@ -570,10 +596,29 @@ PLACEMENTS: Dict[str, Placement] = {
 }
 
 
+def _is_residual(obj) -> bool:
+    return isinstance(obj, type) and issubclass(obj, Residual)
+
+
+def as_placement(obj) -> Placement:
+    """What a name or dotted path may lead to (stabexp.plugins): a Placement, or a Residual
+    subclass, which makes the Placement of its class attributes (`Placement.of`). Either way
+    every sublayer is a Residual, so it has the `branch` and `drop` the measurements read."""
+    if _is_residual(obj):
+        return Placement.of(obj)
+    if not isinstance(obj, Placement):
+        raise plugins.Rejected(f"it is {plugins.what_is(obj)}, not a Residual subclass or Placement")
+    for field, piece in (("residual", obj.residual), ("self_attn", obj.self_attn)):
+        if piece is not None and not _is_residual(piece):
+            raise plugins.Rejected(f"it is a Placement whose {field} is {plugins.what_is(piece)}, "
+                                   "not a Residual subclass")
+    return obj
+
+
 def layer_placement(c: TransformerConfig, stack: str, layer: int) -> Placement:
     """The Placement that builds layer `layer` (1-based) of `stack`: the stack's own, or the one
     its `by_layer` picks for that layer."""
-    p = PLACEMENTS[c.placement(stack)]
+    p = plugins.placement(c.placement(stack))
     if p.by_layer is None:
         return p
     n = c.encoder_layers if stack == "encoder" else c.decoder_layers
@@ -659,7 +704,8 @@ class TokenModel(nn.Module):
         self.input_scale = (nn.ParameterDict({s: nn.Parameter(torch.ones(c.d_model)) for s in stacks})
                             if c.input_scale else None)
         self.embed_scale = nn.Parameter(torch.full((1,), math.sqrt(c.d_model))) if c.learnable_embed_scale else None
-        embed_norms = {s: make_norm(c.norm, c.d_model) for s in stacks if PLACEMENTS[c.placement(s)].embed_norm}
+        embed_norms = {s: make_norm(c.norm, c.d_model) for s in stacks
+                       if plugins.placement(c.placement(s)).embed_norm}
         self.embed_norm = nn.ModuleDict(embed_norms) if embed_norms else None
 
     def _set_dyt_alphas(self) -> None:
@@ -722,7 +768,7 @@ class Seq2SeqTransformer(TokenModel):
         self.encoder = nn.ModuleList(EncoderLayer(c, layer=i) for i in range(1, c.encoder_layers + 1))
         self.decoder = nn.ModuleList(DecoderLayer(c, layer=i) for i in range(1, c.decoder_layers + 1))
         # Each stack ends as its own placement says (a hybrid's Pre-LN stack gets its final LN).
-        pe, pd = PLACEMENTS[c.placement("encoder")], PLACEMENTS[c.placement("decoder")]
+        pe, pd = plugins.placement(c.placement("encoder")), plugins.placement(c.placement("decoder"))
         self.encoder_final_ln = pe.final(c, "encoder") if pe.final else nn.Identity()
         self.decoder_final_ln = pd.final(c, "decoder") if pd.final else nn.Identity()
         self.encoder_history = DenseHistory(c.encoder_layers, c) if pe.dense_history else None

@@ -15,16 +15,23 @@
   parameter (embeddings, norms, biases, scalars), as Moonlight and Kimi K2 do. The fused QKV
   matrix of a self-attention is one 3d x d matrix to Muon (torch's Muon takes whole parameters).
 The equilibrium each one predicts for scale-invariant weights: stabexp/theory.py.
+
+OPTIMISERS maps each name to its factory (model, cfg, device) -> torch.optim.Optimizer. It is
+the package's entry point of the stabexp.optimizers group: `optim.name` is looked up through
+stabexp.plugins, which also finds the optimisers of other packages and a user's factory named by
+a dotted path (`as_optimiser_factory`; docs/plugins.md).
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn as nn
 
-OPTIMISERS = ("adam", "adamw", "adamw_independent", "radam", "sgd", "sgdm", "muon")
+from stabexp import plugins
+from stabexp.errors import ConfigError
+
 DECAY_ON = ("matrices", "all")
 
 
@@ -80,26 +87,83 @@ def branch_matrices(model: nn.Module) -> List[nn.Parameter]:
     return [m.weight for *_, res in model.residuals() for m in res.branch.modules() if isinstance(m, nn.Linear)]
 
 
-def build_optimizer(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
-    o, lr = cfg.optim, cfg.train.lr
-    name, weight_decay = torch_form(o.name, o.weight_decay, lr)
-    groups = param_groups(model, weight_decay, o.decay_on)
-    if name == "muon":
-        matrices = branch_matrices(model)
-        taken = {id(p) for p in matrices}
-        rest = [{**g, "params": [p for p in g["params"] if id(p) not in taken]} for g in groups]
-        fast = {"fused": True} if device.type in ("cpu", "cuda") else {}
-        return MuonAdamW(matrices, [g for g in rest if g["params"]], lr, o, fast)
+def _groups(model: nn.Module, cfg, name: str) -> List[Dict]:
+    """The param groups of optimiser `name`, with the decay PyTorch's form of it takes."""
+    weight_decay = torch_form(name, cfg.optim.weight_decay, cfg.train.lr)[1]
+    return param_groups(model, weight_decay, cfg.optim.decay_on)
+
+
+def _fast(device: torch.device) -> Dict:
     # One kernel for all tensors: PyTorch's default on the CPU loops over parameters in Python,
     # which dominates the step of a 100-layer tiny model.
-    fast = {"fused": True} if device.type in ("cpu", "cuda") else {}
-    if name == "adam":
-        return torch.optim.Adam(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **fast)
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **fast)
-    if name == "radam":  # torch's RAdam has no fused kernel; foreach is its fast path
-        return torch.optim.RAdam(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, foreach=True)
-    if name in ("sgd", "sgdm"):
-        return torch.optim.SGD(groups, lr=lr, momentum=o.momentum if name == "sgdm" else 0.0,
-                               foreach=True)
-    raise ValueError(f"optim.name={o.name}: one of {', '.join(OPTIMISERS)}")
+    return {"fused": True} if device.type in ("cpu", "cuda") else {}
+
+
+def adam(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
+    o = cfg.optim
+    return torch.optim.Adam(_groups(model, cfg, "adam"), lr=cfg.train.lr, betas=tuple(o.betas), eps=o.eps,
+                            **_fast(device))
+
+
+def adamw(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
+    o = cfg.optim
+    return torch.optim.AdamW(_groups(model, cfg, "adamw"), lr=cfg.train.lr, betas=tuple(o.betas), eps=o.eps,
+                             **_fast(device))
+
+
+def adamw_independent(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
+    # PyTorch's AdamW with weight_decay lambda / lr_max (torch_form).
+    o = cfg.optim
+    return torch.optim.AdamW(_groups(model, cfg, "adamw_independent"), lr=cfg.train.lr, betas=tuple(o.betas),
+                             eps=o.eps, **_fast(device))
+
+
+def radam(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
+    o = cfg.optim  # torch's RAdam has no fused kernel; foreach is its fast path
+    return torch.optim.RAdam(_groups(model, cfg, "radam"), lr=cfg.train.lr, betas=tuple(o.betas), eps=o.eps,
+                             foreach=True)
+
+
+def sgd(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
+    return torch.optim.SGD(_groups(model, cfg, "sgd"), lr=cfg.train.lr, momentum=0.0, foreach=True)
+
+
+def sgdm(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
+    return torch.optim.SGD(_groups(model, cfg, "sgdm"), lr=cfg.train.lr, momentum=cfg.optim.momentum, foreach=True)
+
+
+def muon(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
+    matrices = branch_matrices(model)
+    taken = {id(p) for p in matrices}
+    rest = [{**g, "params": [p for p in g["params"] if id(p) not in taken]} for g in _groups(model, cfg, "muon")]
+    return MuonAdamW(matrices, [g for g in rest if g["params"]], cfg.train.lr, cfg.optim, _fast(device))
+
+
+OPTIMISERS: Dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adam": adam,
+    "adamw": adamw,
+    "adamw_independent": adamw_independent,
+    "radam": radam,
+    "sgd": sgd,
+    "sgdm": sgdm,
+    "muon": muon,
+}
+
+
+def as_optimiser_factory(obj) -> Callable[..., torch.optim.Optimizer]:
+    """What a name or dotted path may lead to (stabexp.plugins): a factory (model, cfg, device)
+    -> torch.optim.Optimizer. The lr schedule scales each param group's lr from cfg.train.lr."""
+    if not callable(obj) or isinstance(obj, type):
+        raise plugins.Rejected(f"it is {plugins.what_is(obj)}, not a factory (model, cfg, device) -> "
+                               "torch.optim.Optimizer")
+    if not plugins.takes(obj, "model", "cfg", "device"):
+        raise plugins.Rejected("it is a factory that cannot be called as factory(model, cfg, device)")
+    return obj
+
+
+def build_optimizer(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    optimiser = plugins.optimiser_factory(cfg.optim.name)(model, cfg, device)
+    if not isinstance(optimiser, torch.optim.Optimizer):
+        raise ConfigError(f"optim.name={cfg.optim.name} is not allowed: it made {plugins.what_is(optimiser)}, "
+                          "not a torch.optim.Optimizer")
+    return optimiser
