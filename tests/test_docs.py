@@ -103,6 +103,12 @@ def test_documented_list_report_status_and_bench_lines_parse(user_conf, capsys):
         elif args[0] in ("report", "status"):
             # A sweep folder of a preset, or none (the newest): at most one argument.
             assert len(args) <= 2 and not any(a.startswith("-") for a in args[1:]), (page, command)
+        elif args[0] == "export-tensorboard":  # SWEEP_DIR [--logdir DIR]
+            rest = args[1:]
+            if "--logdir" in rest:
+                i = rest.index("--logdir")
+                rest = rest[:i] + rest[i + 2:]
+            assert len(rest) == 1 and not rest[0].startswith("-"), (page, command)
     assert "Control groups (group=NAME):" in capsys.readouterr().out
 
 

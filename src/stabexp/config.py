@@ -111,12 +111,13 @@ class GroupConfig:
     name: str = MISSING
     description: str = ""      # one line for `stabexp list`
     citation: str = ""         # paper (and section) the group reproduces
-    residual: str = MISSING    # a key of model/transformer.py PLACEMENTS
+    residual: str = MISSING    # a placement's name (model/transformer.py PLACEMENTS) or a dotted
+                               # path to one of your own (docs/plugins.md)
     # An encoder-decoder's stack with a placement of its own (Admin's hybrid table: a Post-LN
     # encoder under a Pre-LN decoder, and the reverse); null: `residual`.
     encoder_residual: Optional[str] = None
     decoder_residual: Optional[str] = None
-    init: str = MISSING        # a key of model/init.py INIT_RULES
+    init: str = MISSING        # an init rule's name (model/init.py INIT_RULES) or a dotted path
     schedule: str = MISSING    # one of SCHEDULES; see train/schedule.py
     norm: Optional[str] = None  # the group's own norm kind in place of model.norm (group dyt:
                                # DyT in a Pre-LN model); null: model.norm
