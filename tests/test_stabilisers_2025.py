@@ -190,6 +190,7 @@ def test_qk_clip_brings_every_heads_largest_logit_of_the_step_down_to_tau(make_c
 
 @pytest.mark.filterwarnings("ignore:Detected call of")  # the schedule made after a step, on purpose
 def test_muon_orthogonalises_the_branch_matrices_and_adamw_takes_the_rest(make_cfg):
+    torch.manual_seed(0)  # the model's default init and the tokens: not whatever ran before in this process
     model, cfg = _lm(make_cfg, "preln", "depth=2", "optim=muon", "optim.weight_decay=0")
     opt = build_optimizer(cfg, model, torch.device("cpu"))
     assert isinstance(opt, MuonAdamW)
@@ -210,10 +211,12 @@ def test_muon_orthogonalises_the_branch_matrices_and_adamw_takes_the_rest(make_c
     rms = torch.stack([(b - m.detach()).pow(2).mean().sqrt() for b, m in zip(all_before, matrices)]) / cfg.train.lr
     assert rms.min() > 0.15 and rms.max() < 0.2 and rms.max() / rms.min() < 1.2
     # One step from rest: the update is lr * 0.2 sqrt(max(A, B)) times NS(g), whose singular
-    # values Newton-Schulz brings near 1 (Adam's would spread with the gradient's).
+    # values Newton-Schulz brings near 1 (Adam's would spread with the gradient's): five steps of
+    # Muon's quintic (3.4445, -4.7750, 2.0315) map every singular value above 1% of the Frobenius
+    # norm into [0.68, 1.13], a spread of at most 1.66.
     update = (before - w.detach()) / (cfg.train.lr * 0.2 * math.sqrt(max(w.shape)))
     s, g = torch.linalg.svdvals(update), torch.linalg.svdvals(w.grad)
-    assert 0.6 < s.median() < 1.3 and s.max() / s.median() < 1.5
+    assert 0.6 < s.median() < 1.3 and s.max() / s.median() < 1.7
     assert (s.max() / s.median()) < (g.max() / g.median())
     state = opt.state_dict()
     assert set(state) == {"muon", "adamw"}
