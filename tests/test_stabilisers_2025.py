@@ -212,7 +212,7 @@ def test_muon_orthogonalises_the_branch_matrices_and_adamw_takes_the_rest(make_c
     assert rms.min() > 0.15 and rms.max() < 0.2 and rms.max() / rms.min() < 1.2
     # One step from rest: the update is lr * 0.2 sqrt(max(A, B)) times NS(g), whose singular
     # values Newton-Schulz brings near 1 (Adam's would spread with the gradient's): five steps of
-    # Muon's quintic (3.4445, -4.7750, 2.0315) map every singular value above 1% of the Frobenius
+    # Muon's quintic (3.4445, -4.7750, 2.0315; Jordan et al. 2024, torch.optim.Muon) map every singular value above 1% of the Frobenius
     # norm into [0.68, 1.13], a spread of at most 1.66.
     update = (before - w.detach()) / (cfg.train.lr * 0.2 * math.sqrt(max(w.shape)))
     s, g = torch.linalg.svdvals(update), torch.linalg.svdvals(w.grad)

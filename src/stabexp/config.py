@@ -57,6 +57,16 @@ def with_defaults(cfg: DictConfig) -> DictConfig:
     return OmegaConf.merge(schema, cfg)
 
 
+def resolved(cfg: DictConfig, leave_out=("logger",)) -> dict:
+    """The resolved config as plain containers, without the keys that say how a run is handled
+    rather than what it computes (`logger`: where it is watched; `overwrite`: what to do with
+    its folder)."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    for key in leave_out:
+        plain.pop(key, None)
+    return plain
+
+
 def model_norm(cfg) -> str:
     """The norm kind the model is built with: the group's own (group.norm) or model.norm."""
     return cfg.group.norm or cfg.model.norm
@@ -429,10 +439,10 @@ def validate(cfg: DictConfig) -> None:
     _need(m.arch in task.archs, "task", cfg.task.name,
           f"model.arch={m.arch} trains on tasks of kind {', '.join(_tasks_of_arch(m.arch))}")
     g = cfg.group
+    rule = plugins.check("init", g.init, "group.init")
     if m.arch in ("decoder_only", "encoder_only"):
         _need(cfg.decoder_depth is None, "decoder_depth", cfg.decoder_depth,
               f"model.arch={m.arch} has one stack of `depth` layers (leave decoder_depth null)")
-        rule = plugins.check("init", g.init, "group.init")
         _need(not getattr(rule, "encoder_decoder_only", False), "group.init", g.init,
               f"its constants are defined for an encoder-decoder only (model.arch=transformer), "
               f"not for model.arch={m.arch}")
@@ -451,7 +461,6 @@ def validate(cfg: DictConfig) -> None:
     _need(0.0 <= g.mix_ratio <= 1.0, "group.mix_ratio", g.mix_ratio, "must be in [0, 1]")
     for key in ("dyt_alpha", "dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):
         _need(m[key] is None or m[key] > 0, f"model.{key}", m[key], "must be > 0 (or null for the per-site keys)")
-    plugins.check("init", g.init, "group.init")
     _need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
     _need(g.init not in ("admin_profiled", "admin_closed_form") or placements == {"admin"}, "group.init",
           g.init, f"{g.init} sets Admin's omegas, so it needs group.residual=admin in every stack")

@@ -36,7 +36,7 @@ from stabexp.train.files import read_csv_rows
 
 log = logging.getLogger("stabexp")
 
-# logger name -> (the package it needs, the extra that installs it)
+# logger name -> the package it needs (installed by the extra of the same name)
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -123,12 +123,16 @@ class Trackers:
 
     def metrics_rows(self, rows: List[Dict]) -> None:
         """Rows as written to metrics.csv: each column at its step."""
+        if not self.backends:  # every run's rows come here: no tracker, no work
+            return
         for row in rows:
             values = {k: float(v) for k, v in row.items() if k != "step" and _measured(v)}
             self._each("scalars", int(row["step"]), values)
 
     def layers_rows(self, rows: List[Dict]) -> None:
         """Rows as written to layers.csv: each sublayer's (or weight matrix's) probe columns."""
+        if not self.backends:
+            return
         by_step: Dict[int, Dict[str, float]] = {}
         for row in rows:
             by_step.setdefault(int(row["step"]), {}).update(layer_scalars(row))
@@ -151,10 +155,11 @@ class Trackers:
             except Exception as err:
                 log.warning("no figures for the trackers: %s: %s", type(err).__name__, err)
         self._each("finish", summary_values(summary), summary.get("status"), figures)
-        for _, fig in figures:
+        if figures:
             import matplotlib.pyplot as plt
 
-            plt.close(fig)
+            for _, fig in figures:
+                plt.close(fig)
         self.close()
 
     def close(self) -> None:
@@ -203,11 +208,9 @@ def flatten(tree, prefix: str = "") -> Dict[str, object]:
 def hyperparameters(cfg: DictConfig, summary: Dict) -> Dict[str, object]:
     """The resolved config (the trackers themselves aside) and what the run resolved at init:
     the constants of its placement and init rule, its parameter count."""
-    from omegaconf import OmegaConf
+    from stabexp.config import resolved
 
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    plain.pop("logger", None)
-    params = flatten(plain)
+    params = flatten(resolved(cfg))
     params.update(flatten({"constants": summary.get("constants") or {}}))
     if summary.get("parameters") is not None:
         params["parameters"] = summary["parameters"]

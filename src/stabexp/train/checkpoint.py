@@ -28,6 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from stabexp import distributed
+from stabexp.config import resolved
 from stabexp.errors import ConfigError
 from stabexp.atomic import sync_folder, write_atomic
 
@@ -53,10 +54,7 @@ def set_rng_state(state: Dict) -> None:
 def config_text(cfg: DictConfig) -> str:
     """The config a checkpoint belongs to; `overwrite` says what to do with a folder, and
     `logger` where a run is watched, not what runs in it (a tracker may join on resume)."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    plain.pop("overwrite", None)
-    plain.pop("logger", None)
-    return OmegaConf.to_yaml(OmegaConf.create(plain))
+    return OmegaConf.to_yaml(OmegaConf.create(resolved(cfg, leave_out=("overwrite", "logger"))))
 
 
 def save(out_dir: Path, state: Dict, model=None, optimizer=None) -> None:

@@ -99,29 +99,20 @@ def _fast(device: torch.device) -> Dict:
     return {"fused": True} if device.type in ("cpu", "cuda") else {}
 
 
-def adam(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
-    o = cfg.optim
-    return torch.optim.Adam(_groups(model, cfg, "adam"), lr=cfg.train.lr, betas=tuple(o.betas), eps=o.eps,
-                            **_fast(device))
+def _adam_like(torch_class, name: str, fused: bool = True) -> Callable[..., torch.optim.Optimizer]:
+    """The factory of an Adam-family optimiser: `name`'s decay (torch_form), betas and eps."""
+    def make(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
+        o = cfg.optim
+        speed = _fast(device) if fused else {"foreach": True}
+        return torch_class(_groups(model, cfg, name), lr=cfg.train.lr, betas=tuple(o.betas), eps=o.eps, **speed)
+    make.__name__ = name
+    return make
 
 
-def adamw(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
-    o = cfg.optim
-    return torch.optim.AdamW(_groups(model, cfg, "adamw"), lr=cfg.train.lr, betas=tuple(o.betas), eps=o.eps,
-                             **_fast(device))
-
-
-def adamw_independent(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
-    # PyTorch's AdamW with weight_decay lambda / lr_max (torch_form).
-    o = cfg.optim
-    return torch.optim.AdamW(_groups(model, cfg, "adamw_independent"), lr=cfg.train.lr, betas=tuple(o.betas),
-                             eps=o.eps, **_fast(device))
-
-
-def radam(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
-    o = cfg.optim  # torch's RAdam has no fused kernel; foreach is its fast path
-    return torch.optim.RAdam(_groups(model, cfg, "radam"), lr=cfg.train.lr, betas=tuple(o.betas), eps=o.eps,
-                             foreach=True)
+adam = _adam_like(torch.optim.Adam, "adam")
+adamw = _adam_like(torch.optim.AdamW, "adamw")
+adamw_independent = _adam_like(torch.optim.AdamW, "adamw_independent")  # weight_decay lambda / lr_max (torch_form)
+radam = _adam_like(torch.optim.RAdam, "radam", fused=False)  # torch's RAdam has no fused kernel; foreach is its fast path
 
 
 def sgd(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:

@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from stabexp import distributed, memory
-from stabexp.config import validate, validate_world
+from stabexp.config import resolved, validate, validate_world
 from stabexp.data import Task, make_task
 from stabexp.train import checkpoint
 from stabexp.atomic import write_atomic
@@ -175,9 +175,7 @@ def _claim(lock: RunLock, out_dir: Path, cfg: DictConfig):
 def _new_summary(cfg: DictConfig, out_dir: Path) -> Dict:
     if distributed.is_rank0():
         # Without the trackers: where a run is watched is not what it ran (the same file either way).
-        plain = OmegaConf.to_container(cfg, resolve=True)
-        plain.pop("logger", None)
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plain)))
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(resolved(cfg))))
     return {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
             "group": group_name(cfg), "arch": cfg.model.arch, "depth": cfg.depth,
             # A single-stack model has `depth` layers and no second stack.
