@@ -103,6 +103,10 @@ def test_documented_list_report_status_and_bench_lines_parse(user_conf, capsys):
         elif args[0] in ("report", "status"):
             # A sweep folder of a preset, or none (the newest): at most one argument.
             assert len(args) <= 2 and not any(a.startswith("-") for a in args[1:]), (page, command)
+        elif args[0] == "claims":
+            from stabexp.claims.command import _parser
+
+            _parser().parse_args(args[1:])
         elif args[0] == "export-tensorboard":  # SWEEP_DIR [--logdir DIR]
             rest = args[1:]
             if "--logdir" in rest:
@@ -185,3 +189,18 @@ def test_the_python_examples_run_on_a_sweep_of_real_runs(make_cfg, tmp_path, mon
     scope = {}
     exec(compile(code, "<docs>", "exec"), scope)
     assert scope["postln"].config.residual == "postln" and scope["admin"].config.residual == "admin"
+
+
+def test_the_verdict_tables_are_what_stabexp_claims_computes():
+    """The README's and results.md's verdict tables are `stabexp claims docs/data`'s output, to the
+    character: `python scripts/claims_tables.py` rewrites them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("claims_tables", ROOT / "scripts" / "claims_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for page, table in module.tables().items():
+        text = page.read_text()
+        assert text.count(module.BEGIN) == 1 and text.count(module.END) == 1, page
+        shown = text.split(module.BEGIN, 1)[1].split(module.END, 1)[0].strip("\n")
+        assert shown == table, f"{page.name}: run python scripts/claims_tables.py"

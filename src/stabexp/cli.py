@@ -24,6 +24,7 @@ USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one 
        stabexp list [--config-dir DIR]                     the control groups and experiment presets
        stabexp status [SWEEP_DIR]                          every run of a sweep: completed, running, ...
        stabexp report [SWEEP_DIR]                          a sweep as a markdown table (group x depth)
+       stabexp claims [PATH ...] [--json] [--record FILE]  every paper claim's verdict, computed from the runs
        stabexp bench [--sizes tiny,small] [--depths 6,18,50]  speed and memory against torch.nn.Transformer
        stabexp export RUN_FOLDER [OUT_FILE]                an Admin run's final weights as a Post-LN model
        stabexp export-tensorboard SWEEP_DIR [--logdir DIR] finished run folders as TensorBoard event files
@@ -241,6 +242,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from stabexp.report import main as report_main
 
         return report_main(rest)
+    if command == "claims":
+        from stabexp.claims.command import main as claims_main
+
+        return claims_main(rest)
     if command == "bench":
         from stabexp.bench import main as bench_main
 
@@ -253,8 +258,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from stabexp.tracking.export import main as export_tensorboard_main
 
         return export_tensorboard_main(rest)
-    print(f"stabexp: error: unknown command {command!r}: use run, list, status, report, bench, export or "
-          "export-tensorboard", file=sys.stderr)
+    print(f"stabexp: error: unknown command {command!r}: use run, list, status, report, claims, bench, "
+          "export or export-tensorboard", file=sys.stderr)
     return 2
 
 

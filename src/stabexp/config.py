@@ -89,9 +89,12 @@ def run_name(overrides) -> str:
     return name
 
 
-def by_scale(scale: str, default, quick):
-    """`${by_scale:${scale},DEFAULT,QUICK}` in a preset: its value at each scale (conf/scale)."""
-    return quick if scale == "quick" else default
+def by_scale(scale: str, default, quick, paper=None):
+    """`${by_scale:${scale},DEFAULT,QUICK[,PAPER]}` in a preset: its value at each scale
+    (conf/scale); a preset without a PAPER value runs its DEFAULT one at scale=paper."""
+    if scale == "quick":
+        return quick
+    return paper if scale == "paper" and paper is not None else default
 
 
 # Resolvers used by conf/config.yaml's hydra section and the presets; registered once at import.
@@ -337,8 +340,8 @@ class Config:
     seed: int = 0                       # fixes init, data and probe batch
     overwrite: bool = False             # re-run a folder that already holds a finished run
     experiment: str = ""                # preset this run belongs to (conf/experiment sets it)
-    scale: str = "default"              # preset scale, default or quick: set by conf/scale, read by
-                                        # the presets' ${by_scale:${scale},DEFAULT,QUICK}
+    scale: str = "default"              # preset scale, default, quick or paper: set by conf/scale, read
+                                        # by the presets' ${by_scale:${scale},DEFAULT,QUICK[,PAPER]}
 
 
 def register_configs() -> None:

@@ -72,3 +72,23 @@ DEEPNET_DEPTH_LAW = {12: 25.3, 20: 26.6, 100: 30.1, 200: 31.1, 1000: 32.1}
 DEEPNET_ROBUSTNESS = {"lr": {"5e-4": 3.97, "1e-3": 3.91, "1.5e-3": 3.89},
                       "batch": {"64x4k": 3.91, "128x4k": 3.89, "256x4k": 3.88},
                       "width": {"512": 3.99, "768": 3.99, "1024": 4.13}}
+# DeepNet v1 Table 1: WMT-17 En-De BLEU at 6L / 18L / 50L / 100L per stack; None where the paper
+# reports the run diverged. Vanilla Post-LN is the row of both stabexp groups `postln` and
+# `postln_warmup`.
+DEEPNET_TABLE1 = {
+    "postln": {6: 28.1, 18: None, 50: None, 100: None},
+    "ds_init": {6: 27.9, 18: None, 50: None, 100: None},
+    "admin": {6: 27.9, 18: 28.8, 50: None, 100: None},
+    "rezero": {6: 26.9, 18: None, 50: None, 100: None},
+    "fixup": {6: 27.5, 18: 28.4, 50: 27.7, 100: None},
+    "t_fixup": {6: 27.5, 18: 28.4, 50: 27.9, 100: None},
+    "preln": {6: 27.0, 18: 28.1, 50: 28.0, 100: 27.4},
+    "dlcl": {6: 27.4, 18: 28.2, 50: None, 100: 27.5},
+    "normformer": {6: 27.0, 18: 28.3, 50: 27.8, 100: None},
+    "deepnorm": {6: 27.8, 18: 28.8, 50: 29.0, 100: 28.9},
+}
+DEEPNET_TABLE1["postln_warmup"] = DEEPNET_TABLE1["postln"]
+# Admin Table (Liu et al. 2020, Sec. 5): the 15 (lr, beta2) settings without warm-up (RAdam) on
+# WMT'14 En-De 6L-6L: Post-LN diverges in 7, Pre-LN and Admin in none.
+ADMIN_GRID_DIVERGED = {"postln": 7, "preln": 0, "admin": 0}
+ADMIN_GRID_LRS = (1e-4, 2e-4, 3e-4, 4e-4, 5e-4)

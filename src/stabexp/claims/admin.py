@@ -1,0 +1,293 @@
+"""Admin's claims (Liu et al. 2020, arXiv 2004.08249, as its authors' Transformer-Clinic code
+measures them) and Xiong et al. 2020's (arXiv 2002.04745), each with the criterion that judges it.
+The criteria were written before the runs they read were looked at; a criterion changed since says
+so in `revised`.
+"""
+
+from __future__ import annotations
+
+from stabexp import paper
+from stabexp.analysis import linear_and_log_fits
+from stabexp.claims.registry import DOES_NOT_HOLD, HOLDS, PARTLY, Cells, Claim, Evidence, every, mean, spread
+from stabexp.claims.rules import grid, log_slope_per_seed, outcome
+
+OUTPUT_CHANGE_DEPTHS = (6, 12, 18, 25, 50, 100)
+SHAPE = {"postln": "linear", "preln": "log", "admin": "log"}
+
+
+def _shape_fits(ev: Evidence, recipe: str, x: str, y: str, setting=""):
+    """Per group and seed: R² of y linear in x and of y linear in ln x."""
+    out = {}
+    for group in SHAPE:
+        runs = ev.runs(recipe=recipe, group=group, setting=setting).dropna(subset=[x, y])
+        out[group] = [linear_and_log_fits(r[x], r[y]) for _, r in runs.groupby("seed") if r[x].nunique() >= 3]
+    return out
+
+
+def _theorem2(ev: Evidence):
+    """Per seed, each group's output change at init fitted against its number of sublayers, linear
+    and in log. A group follows its shape when, in every seed, the fit of the paper's shape (linear
+    for Post-LN, log for Pre-LN and Admin) has R² ≥ 0.95 and beats the other fit's. Holds when all
+    three groups follow their shape; partly when one or two do; otherwise it does not hold."""
+    fits = _shape_fits(ev, "admin_output_change", "sublayers", "output_change")
+    follows, parts = 0, []
+    for group, shape in SHAPE.items():
+        other = "log" if shape == "linear" else "linear"
+        ok = every(f[shape]["r2"] >= 0.95 and f[shape]["r2"] > f[other]["r2"] for f in fits[group])
+        follows += ok
+        parts.append(f"{group} {shape} R² {spread([f[shape]['r2'] for f in fits[group]])} ({other} "
+                     f"{mean([f[other]['r2'] for f in fits[group]]):.3f})")
+    return (HOLDS if follows == 3 else PARTLY if follows else DOES_NOT_HOLD), "; ".join(parts)
+
+
+def _clinic(ev: Evidence):
+    """Along one 100-layer encoder at init (d = 512), each sublayer's input change against its
+    index i, per run linear and log in i. Holds when, in every seed, Post-LN's linear fit has
+    R² ≥ 0.95 and beats its log fit while Pre-LN's and Admin's log fits have R² ≥ 0.95 and beat their
+    linear fits; partly when one or two groups follow their shape; otherwise it does not hold."""
+    follows, parts = 0, []
+    for group, shape in SHAPE.items():
+        runs = ev.runs(recipe="admin_clinic", group=group, setting="model=base")
+        other = "log" if shape == "linear" else "linear"
+        mine, theirs = runs[f"clinic_{shape}_r2"], runs[f"clinic_{other}_r2"]
+        ok = every((mine >= 0.95) & (mine > theirs))
+        follows += ok
+        parts.append(f"{group} {shape} R² {spread(mine)}")
+    return (HOLDS if follows == 3 else PARTLY if follows else DOES_NOT_HOLD), "; ".join(parts)
+
+
+def _w2_slopes(ev: Evidence):
+    """Per seed, the log-log slope of the last decoder FFN's W_2 gradient at init against depth.
+    Holds when the mean slope over seeds is within 0.15 of 0 for Post-LN and of −0.5 for Pre-LN and
+    Pre-LN's slope is below Post-LN's in every seed; partly when only the order holds in every seed;
+    otherwise it does not hold."""
+    slopes = {g: log_slope_per_seed(ev.runs(recipe="grad_at_init", group=g), "depth", "w2_grad_last", log_y=True)
+              .set_index("seed").slope for g in ("postln", "preln")}
+    order = every((slopes["preln"] < slopes["postln"]).reindex(slopes["preln"].index))
+    near = abs(mean(slopes["postln"])) <= 0.15 and abs(mean(slopes["preln"]) + 0.5) <= 0.15
+    measured = f"slope Post-LN {spread(slopes['postln'], 2)}, Pre-LN {spread(slopes['preln'], 2)}"
+    return (HOLDS if order and near else PARTLY if order else DOES_NOT_HOLD), measured
+
+
+def _stream(ev: Evidence):
+    """In the 100-layer Pre-LN models at init, E‖x_l‖² against the sublayer position l, a line per
+    run (the worse of its two stacks). Holds when R² ≥ 0.95 in every seed; partly when R² ≥ 0.8 in
+    every seed; otherwise it does not hold."""
+    r2 = ev.value("stream_sq_linear_r2", recipe="grad_at_init", group="preln", depth=100)
+    measured = f"R² {spread(r2)}"
+    return (HOLDS if every(r2 >= 0.95) else PARTLY if every(r2 >= 0.8) else DOES_NOT_HOLD), measured
+
+
+def _vanishing(ev: Evidence):
+    """At 18L-18L at init, the output gradient of each stack's bottom layer relative to the
+    network's largest. Holds when, in every seed, Post-LN's decoder is below 0.05 while Post-LN's
+    encoder and Pre-LN's decoder are at least 0.3, and the smallest factor kept across one
+    Post-LN decoder sublayer is the encoder-attention's. Partly when the vanishing is in the
+    Post-LN decoder only but the encoder-attention is not where it loses most; otherwise it does
+    not hold."""
+    at = dict(recipe="admin_grad_vanishing", depth=18)
+    dec = ev.value("decoder_bottom_gradient", group="postln", **at)
+    enc = ev.value("encoder_bottom_gradient", group="postln", **at)
+    pre = ev.value("decoder_bottom_gradient", group="preln", **at)
+    runs = ev.runs(group="postln", **at)
+    keeps = runs[[c for c in ("decoder_keep_cross_attn", "decoder_keep_self_attn", "decoder_keep_ffn") if c in runs]]
+    cross = every(keeps.idxmin(axis=1) == "decoder_keep_cross_attn")
+    only = every(dec < 0.05) and every(enc >= 0.3) and every(pre >= 0.3)
+    measured = (f"decoder layer 1: Post-LN {spread(dec, 2)}, Pre-LN {spread(pre, 2)}; Post-LN encoder {spread(enc, 2)}; "
+                f"kept across a cross-attention {spread(runs.get('decoder_keep_cross_attn', []), 2)}")
+    return (HOLDS if only and cross else PARTLY if only else DOES_NOT_HOLD), measured
+
+
+def _hybrid(recipe, depth, measure, higher_is_better):
+    def criterion(ev: Evidence):
+        """The hybrid of a Post-LN encoder and a Pre-LN decoder at 18L. Holds when its decoder's
+        bottom-layer gradient at init is at least 0.3 of the largest in every seed (no vanishing) and
+        the hybrid fails in every seed where Pre-LN trains in every seed; partly when it does not
+        vanish and its mean is at most half Pre-LN's BLEU or at least 5 times Pre-LN's loss (worse,
+        without failing); otherwise it does not hold."""
+        grad = ev.value("decoder_bottom_gradient", recipe="admin_grad_vanishing", group="hybrid_postln_preln", depth=18)
+        alive = every(grad >= 0.3)
+        hybrid = outcome(ev, recipe, "hybrid_postln_preln", depth)
+        preln = outcome(ev, recipe, "preln", depth)
+        h = ev.value(measure, recipe=recipe, group="hybrid_postln_preln", depth=depth)
+        p = ev.value(measure, recipe=recipe, group="preln", depth=depth)
+        worse = mean(h) <= 0.5 * mean(p) if higher_is_better else mean(h) >= 5 * mean(p)
+        measured = (f"hybrid {spread(h)} ({hybrid}) against Pre-LN {spread(p)}; its decoder's bottom gradient "
+                    f"at init {spread(grad, 2)}")
+        if alive and hybrid == "fails" and preln == "trains":
+            return HOLDS, measured
+        return (PARTLY if alive and worse else DOES_NOT_HOLD), measured
+    return criterion
+
+
+def _dependency(ev: Evidence):
+    """The encoder's mean β_ii (each sublayer's dependency on its own branch) at 18L. Holds when, in
+    every seed, Post-LN's at init is above Pre-LN's, Admin's at init is nearer Pre-LN's than
+    Post-LN's, and Admin's at the end is nearer Post-LN's than Pre-LN's; partly when the first two
+    hold; otherwise it does not hold."""
+    at = dict(recipe="admin_dependency", depth=18)
+    v = {(g, w): ev.value(f"own_dependency@{w}", group=g, **at) for g in ("postln_warmup", "preln", "admin")
+         for w in ("init", "end")}
+    post_above = every(v[("postln_warmup", "init")] > v[("preln", "init")])
+    starts = every((v[("admin", "init")] - v[("preln", "init")]).abs() < (v[("admin", "init")] - v[("postln_warmup", "init")]).abs())
+    ends = every((v[("admin", "end")] - v[("postln_warmup", "end")]).abs() < (v[("admin", "end")] - v[("preln", "end")]).abs())
+    measured = "; ".join(f"{g} β_ii {spread(v[(g, 'init')], 2)} → {spread(v[(g, 'end')], 2)}"
+                         for g in ("postln_warmup", "preln", "admin"))
+    return (HOLDS if post_above and starts and ends else PARTLY if post_above and starts else DOES_NOT_HOLD), measured
+
+
+BETAS = ["[0.9,0.99]", "[0.9,0.995]", "[0.9,0.999]"]
+GRID = grid(**{"optim.betas": BETAS, "train.lr": ["1e-4", "2e-4", "3e-4", "4e-4", "5e-4"]})
+# At the paper's scale the grid runs on translation (task=multi30k on the command line).
+GRID_PAPER = grid(**{"optim.betas": BETAS, "task": ["multi30k"], "train.lr": ["1e-4", "2e-4", "3e-4", "4e-4", "5e-4"]})
+
+
+def _grid(recipe, settings):
+    def criterion(ev: Evidence):
+        """Over the paper's 15 (lr, β₂) settings without warm-up, a run diverged or not by the tool's rule
+        (methods.md). Holds when Post-LN diverges in at least 5 (a third) while Pre-LN and Admin diverge
+        in none; partly when Post-LN diverges in more settings than each of the other two but in fewer
+        than 5; it does not hold when Post-LN diverges in no more settings than Pre-LN or Admin."""
+        counts = {g: int((ev.runs(recipe=recipe, group=g, setting=settings).status == "diverged").sum())
+                  for g in paper.ADMIN_GRID_DIVERGED}
+        measured = ", ".join(f"{g} {n} of 15 diverged" for g, n in counts.items())
+        if counts["postln"] >= 5 and counts["preln"] == counts["admin"] == 0:
+            return HOLDS, measured
+        more = counts["postln"] > max(counts["preln"], counts["admin"])
+        return (PARTLY if more else DOES_NOT_HOLD), measured
+    return criterion
+
+
+def _rezero(ev: Evidence):
+    """Mean test BLEU over seeds at 6L on translation. Holds when ReZero's and ReZero-Post-LN's means
+    are both below every other group's and within 3 BLEU of the best ("1-2 BLEU below"); partly
+    when both are below the best group's but not every group's; otherwise it does not hold."""
+    runs = ev.runs(recipe="admin_rezero")
+    means = runs.groupby("group").test_bleu.mean()
+    ours = means[["rezero", "rezero_postln"]]
+    others = means.drop(["rezero", "rezero_postln"])
+    measured = ", ".join(f"{g} {spread(ev.value('test_bleu', recipe='admin_rezero', group=g))}" for g in means.index)
+    if ours.max() < others.min() and others.max() - ours.min() <= 3:
+        return HOLDS, measured
+    return (PARTLY if ours.max() < others.max() else DOES_NOT_HOLD), measured
+
+
+def _admin_depths(ev: Evidence):
+    """Mean test BLEU over seeds at 6L, 12L and 18L on translation. Holds when Admin's mean is at
+    least Pre-LN's and Post-LN's at every depth (the paper's claim: Admin beats both); partly when
+    Admin trains at every depth and beats Post-LN there, but falls below Pre-LN somewhere; it does
+    not hold when Admin fails at a depth."""
+    parts, beats_all, beats_post, trains = [], True, True, True
+    for d in (6, 12, 18):
+        b = {g: mean(ev.value("test_bleu", recipe="multi30k_table", group=g, depth=d)) for g in ("admin", "preln", "postln")}
+        beats_all &= b["admin"] >= max(b["preln"], b["postln"])
+        beats_post &= b["admin"] > b["postln"]
+        trains &= outcome(ev, "multi30k_table", "admin", d) == "trains"
+        parts.append(f"{d}L Admin {b['admin']:.2f}, Pre-LN {b['preln']:.2f}, Post-LN {b['postln']:.2f}")
+    measured = "; ".join(parts)
+    if beats_all:
+        return HOLDS, measured
+    return (PARTLY if trains and beats_post else DOES_NOT_HOLD), measured
+
+
+def _fold(ev: Evidence):
+    """The largest difference of logits between a trained Admin model and its fold into Post-LN,
+    per seed, and whether the fold keeps a per-dimension input scale. Holds when every difference
+    is at most 1e-4 and no fold keeps an input scale (a plain Post-LN); partly when every difference
+    is at most 1e-4 but an input scale stays; otherwise it does not hold."""
+    runs = ev.runs(recipe="", group="admin", depth=6, setting="train.save_model=true")
+    error, scale = runs.fold_logit_error, runs.fold_input_scale
+    equal = every(error <= 1e-4)
+    measured = f"largest logit difference {error.max():.1e}; an input scale kept in {int(scale.sum())} of {len(scale)}"
+    return (HOLDS if equal and not scale.any() else PARTLY if equal else DOES_NOT_HOLD), measured
+
+
+ADMIN_TINY = "tiny 64-128-2 model, sort task"
+MULTI30K = "tiny model, Multi30k De-En, 1000 updates of ≤ 2048 tokens"
+
+CLAIMS = [
+    Claim("admin-thm2", "Admin Theorem 2 / Fig. 4",
+          "Under a small perturbation at init the output change grows linearly with depth for Post-LN, like its log for Pre-LN and Admin",
+          "R² 0.991 / 0.987 / 0.995", ADMIN_TINY + ", 6L-100L at init (across models)",
+          "stabexp run experiment=admin_output_change",
+          (Cells("admin_output_change", tuple(SHAPE), OUTPUT_CHANGE_DEPTHS),), _theorem2,
+          "6-output-change-along-the-encoder-admin-theorem-2-fig-4"),
+    Claim("admin-thm2-clinic", "Admin Theorem 2 / Fig. 4, Transformer-Clinic's protocol",
+          "The same along one 100-layer encoder (200 sublayers) at d = 512",
+          "R² 0.991 / 0.987 / 0.995; Post-LN / Pre-LN 13 at 200 sublayers", "one 100-layer encoder, d = 512, Multi30k batch, at init",
+          "stabexp run experiment=admin_clinic",
+          (Cells("admin_clinic", tuple(SHAPE), (100,), settings=("model=base",)),), _clinic,
+          "6-output-change-along-the-encoder-admin-theorem-2-fig-4"),
+    Claim("xiong-w2-grad", "Xiong et al. 2020",
+          "At init the last W_2's gradient is flat in depth for Post-LN and shrinks like L^−½ for Pre-LN",
+          "log-log slope 0 / −0.5", ADMIN_TINY + ", 6L-100L at init",
+          "stabexp run experiment=grad_at_init",
+          (Cells("grad_at_init", ("postln", "preln"), OUTPUT_CHANGE_DEPTHS),), _w2_slopes,
+          "7-last-layer-gradient-at-init-against-depth-xiong-et-al-2020"),
+    Claim("xiong-preln-stream", "Xiong et al. 2020",
+          "Pre-LN's E‖x_l‖² grows linearly in l",
+          "linear", ADMIN_TINY + ", 100L-100L at init",
+          "stabexp run experiment=grad_at_init",
+          (Cells("grad_at_init", ("preln",), (100,)),), _stream,
+          "8-pre-lns-residual-stream-grows-linearly-xiong-et-al-2020"),
+    Claim("admin-thm1", "Admin Theorem 1",
+          "At init the gradient vanishes in the Post-LN decoder only, most at the encoder-attention",
+          "shape only", ADMIN_TINY + ", 18L-18L at init",
+          "stabexp run experiment=admin_grad_vanishing",
+          (Cells("admin_grad_vanishing", ("postln", "preln"), (18,)),), _vanishing,
+          "14-gradient-vanishing-is-in-the-post-ln-decoder-only-admin-theorem-1"),
+    Claim("admin-hybrid", "Admin's hybrid table",
+          "A Pre-LN decoder on a Post-LN encoder does not vanish and still fails at 18L",
+          "fails at 18L", ADMIN_TINY + ", 18L-18L, 300 steps",
+          "stabexp run experiment=admin_hybrid",
+          (Cells("admin_hybrid", ("hybrid_postln_preln", "preln"), (18,)),
+           Cells("admin_grad_vanishing", ("hybrid_postln_preln",), (18,))),
+          _hybrid("admin_hybrid", 18, "final_eval_loss", False),
+          "15-fixing-the-vanishing-does-not-fix-the-training-admins-hybrid-table"),
+    Claim("admin-hybrid-multi30k", "Admin's hybrid table",
+          "The same on translation",
+          "fails at 18L", MULTI30K + ", 18L-18L",
+          "stabexp run experiment=multi30k_table group=hybrid_postln_preln,preln depth=18 seed=0,1,2",
+          (Cells("multi30k_table", ("hybrid_postln_preln", "preln"), (18,)),
+           Cells("admin_grad_vanishing", ("hybrid_postln_preln",), (18,))),
+          _hybrid("multi30k_table", 18, "test_bleu", True),
+          "15-fixing-the-vanishing-does-not-fix-the-training-admins-hybrid-table"),
+    Claim("admin-dependency", "Admin Sec. 4.1",
+          "Post-LN depends on its own branch, Pre-LN on all; Admin starts like Pre-LN and ends like Post-LN",
+          "β_ii 0.45-0.6 / 0.45 → 0.3 at init", ADMIN_TINY + ", 18L-18L, 600 steps",
+          "stabexp run experiment=admin_dependency depth=18 seed=0,1,2",
+          (Cells("admin_dependency", ("postln_warmup", "preln", "admin"), (18,)),), _dependency,
+          "16-residual-dependency-admin-sec-41"),
+    Claim("admin-grid", "Admin's (lr, β₂) grid",
+          "Without warm-up Post-LN diverges in 7 of 15 settings; Pre-LN and Admin in none",
+          "7 / 0 / 0 of 15", ADMIN_TINY + ", 6L-6L, RAdam, 300 steps, one run per setting as in the paper",
+          "stabexp run experiment=admin_grid",
+          (Cells("admin_grid", tuple(paper.ADMIN_GRID_DIVERGED), seeds=1, settings=tuple(GRID)),), _grid("admin_grid", GRID),
+          "17-the-lr-beta2-grid-without-warm-up-admins-15-settings"),
+    Claim("admin-grid-paper", "Admin's (lr, β₂) grid, the paper's scale",
+          "The same at d = 512 on real translation",
+          "7 / 0 / 0 of 15", "6L-6L, d = 512, FFN 2048, Multi30k, 8000 updates (one GPU)",
+          "stabexp run experiment=admin_grid scale=paper task=multi30k",
+          (Cells("admin_grid_paper", tuple(paper.ADMIN_GRID_DIVERGED), seeds=1, settings=tuple(GRID_PAPER)),),
+          _grid("admin_grid_paper", GRID_PAPER),
+          "17-the-lr-beta2-grid-without-warm-up-admins-15-settings", paper_scale_only=True),
+    Claim("admin-rezero", "Admin's recipes (Transformer-Clinic)",
+          "ReZero and ReZero-Post-LN land 1-2 BLEU below the other 6L-6L models",
+          "34.66 against about 35.6", MULTI30K + ", 6L-6L",
+          "stabexp run experiment=admin_rezero",
+          (Cells("admin_rezero", ("rezero", "rezero_postln", "postln_warmup", "admin"), (6,)),), _rezero,
+          "18-rezero-on-translation-admins-recipes"),
+    Claim("admin-depths", "Admin (Liu et al. 2020)",
+          "Admin beats both Post-LN and Pre-LN at 6, 12 and 18 layers",
+          "Admin 27.9 / 28.8 at 6L / 18L (DeepNet Table 1)", MULTI30K + ", 6L-18L",
+          "stabexp run experiment=multi30k_table group=postln,preln,admin depth=6,12,18 seed=0,1,2",
+          (Cells("multi30k_table", ("admin", "preln", "postln"), (6, 12, 18)),), _admin_depths,
+          "19-admin-at-6-12-and-18-layers-on-translation"),
+    Claim("admin-fold", "Transformer-Clinic's and admin-torch's READMEs",
+          "After training, Admin can be reparameterised into the original Post-LN Transformer",
+          "a statement", ADMIN_TINY + ", 6L-6L, 600 steps, the final weights kept",
+          "stabexp run -m group=admin depth=6 train.save_model=true seed=0,1,2",
+          (Cells("", ("admin",), (6,), settings=("train.save_model=true",)),), _fold,
+          "20-admin-folds-into-a-plain-post-ln-clinics-and-admin-torchs-readmes"),
+]
+

@@ -1,0 +1,176 @@
+"""What a claim is, what a verdict is, and how one is computed from the runs.
+
+A claim is one statement of a paper, the paper's number for it, the recipes whose runs test it,
+the cells (group x depth) and seeds it needs, and a criterion: a function of the runs' measures
+(stabexp.claims.measures) that says "holds", "partly" or "does not hold at this scale". The
+criterion is written before its runs are looked at; when one is changed after, `revised` says
+why. A claim whose cells lack seeds is "not run" whatever its criterion would say; one that only
+the paper's scale can show is "not run at the paper's scale" until runs at that scale exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+HOLDS = "holds"
+PARTLY = "partly"
+DOES_NOT_HOLD = "does not hold at this scale"
+NOT_RUN = "not run"
+NOT_RUN_PAPER = "not run at the paper's scale"
+VERDICTS = (HOLDS, PARTLY, DOES_NOT_HOLD, NOT_RUN, NOT_RUN_PAPER)
+
+FINISHED = ("completed", "diverged")
+
+
+@dataclass(frozen=True)
+class Cells:
+    """Runs a claim needs: every group at every depth (and every one of `settings`) of one recipe,
+    `seeds` seeds each, finished (completed or diverged). `depths` empty: the recipe has one depth;
+    `settings` empty: the runs with no setting of their own."""
+    recipe: str
+    groups: Tuple[str, ...]
+    depths: Tuple[int, ...] = ()
+    seeds: int = 3
+    settings: Tuple[str, ...] = ("",)
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str                         # short, stable: `stabexp claims --json` keys on it
+    source: str                     # the paper and where in it ("DeepNet Fig. 5 (v1)")
+    statement: str                  # the claim, as the paper makes it
+    paper: str                      # the paper's number for it (src/stabexp/paper.py)
+    evidence: str                   # the scale and task its runs are at
+    command: str                    # what makes its runs
+    needs: Tuple[Cells, ...]        # the runs it reads
+    criterion: Callable[["Evidence"], Tuple[str, str]]  # -> (verdict, measured); the rule is its docstring
+    section: str = ""               # docs/results.md anchor
+    paper_scale_only: bool = False  # only the paper's scale can show it: never judged on a substitute
+    revised: str = ""               # a criterion changed after its runs were seen: when and why
+
+    @property
+    def rule(self) -> str:
+        return " ".join((self.criterion.__doc__ or "").split())
+
+
+@dataclass
+class Result:
+    claim: Claim
+    verdict: str
+    measured: str
+    runs: int
+    missing: List[str] = field(default_factory=list)
+
+    def as_dict(self) -> Dict:
+        c = self.claim
+        return {"id": c.id, "source": c.source, "statement": c.statement, "paper": c.paper,
+                "evidence": c.evidence, "measured": self.measured, "verdict": self.verdict, "runs": self.runs,
+                "missing": self.missing, "criterion": c.rule, "command": c.command, "section": c.section,
+                "revised": c.revised}
+
+
+class Evidence:
+    """The finished runs of a claim's recipes, one row per run: key columns (recipe, scale, group,
+    depth, decoder_depth, seed, setting), task, status, and one column per measure."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame
+
+    def runs(self, recipe=None, group=None, depth=None, setting: Optional[str] = "", **where) -> pd.DataFrame:
+        f = self.frame
+        if f.empty:
+            return f
+        for key, value in (("recipe", recipe), ("group", group), ("depth", depth), ("setting", setting), *where.items()):
+            if value is None:
+                continue
+            f = f[f[key].isin(value)] if isinstance(value, (list, tuple, set)) else f[f[key] == value]
+        return f
+
+    def value(self, measure: str, **where) -> pd.Series:
+        """The measure per seed (NaN where a run lacks it) of the runs matching `where`."""
+        runs = self.runs(**where)
+        if measure not in runs:
+            return pd.Series(dtype=float)
+        return runs.set_index("seed")[measure].astype(float).sort_index()
+
+
+def seeds_found(evidence: Evidence, cells: Cells) -> Dict[Tuple[str, Optional[int], str], int]:
+    found = {}
+    for group in cells.groups:
+        for depth in cells.depths or (None,):
+            for setting in cells.settings:
+                runs = evidence.runs(recipe=cells.recipe, group=group, depth=depth, setting=setting)
+                found[(group, depth, setting)] = runs.seed.nunique() if not runs.empty else 0
+    return found
+
+
+def missing_cells(evidence: Evidence, needs: Sequence[Cells]) -> List[str]:
+    """Per recipe and group: the cells (depth, setting) with fewer finished seeds than the claim
+    needs, one line each, a sweep's many settings counted in one line."""
+    out = []
+    for cells in needs:
+        short = {}
+        for (group, depth, setting), n in seeds_found(evidence, cells).items():
+            if n < cells.seeds:
+                where = f"{group}" + (f" {depth}L" if depth is not None else "")
+                short.setdefault(where, []).append((setting, n))
+        for where, lacking in short.items():
+            if len(cells.settings) > 1:
+                fewest = min(n for _, n in lacking)
+                out.append(f"{cells.recipe}: {where}, {len(lacking)} of {len(cells.settings)} settings "
+                           f"short of {cells.seeds} seeds (fewest {fewest})")
+            else:
+                setting, n = lacking[0]
+                out.append(f"{cells.recipe}{' ' + setting if setting else ''}: {where}, {n} of {cells.seeds} seeds")
+    return out
+
+
+def evaluate(claim: Claim, evidence: Evidence) -> Result:
+    """The claim's verdict on these runs: its criterion's where every needed cell has its seeds,
+    else "not run" (or "not run at the paper's scale"), with what the runs there show so far."""
+    recipes = {c.recipe for c in claim.needs}
+    mine = Evidence(evidence.frame[evidence.frame.recipe.isin(recipes)] if not evidence.frame.empty else evidence.frame)
+    missing = missing_cells(mine, claim.needs)
+    measured = "-"
+    verdict = None
+    if not mine.frame.empty:
+        try:
+            verdict, measured = claim.criterion(mine)
+        except (KeyError, ValueError, IndexError, ZeroDivisionError, TypeError, AttributeError):
+            if not missing:
+                raise
+            verdict, measured = None, "-"  # too few runs for the criterion's reading yet
+    if missing:
+        verdict = NOT_RUN_PAPER if claim.paper_scale_only else NOT_RUN
+        if measured != "-":
+            measured = f"so far: {measured}"
+    if verdict not in VERDICTS:
+        raise ValueError(f"claim {claim.id}: criterion returned {verdict!r}, not one of {VERDICTS}")
+    return Result(claim, verdict, measured, len(mine.frame), missing)
+
+
+# --- what criteria share ------------------------------------------------------------------
+
+def every(values) -> bool:
+    """True when there is at least one value and every one is true (NaN is not)."""
+    v = list(values)
+    return bool(v) and all(bool(x) and x == x for x in v)
+
+
+def spread(values, digits: int = 3) -> str:
+    """mean ± sample sd (n) of a value measured once per seed; the value alone for one seed."""
+    v = np.asarray([x for x in values if x == x], dtype=float)
+    if v.size == 0:
+        return "-"
+    if v.size == 1:
+        return f"{v[0]:.{digits}g} (1 seed)"
+    return f"{v.mean():.{digits}g} ± {v.std(ddof=1):.2g} ({v.size} seeds)"
+
+
+def mean(values) -> float:
+    v = [x for x in values if x == x]
+    return float(np.mean(v)) if v else float("nan")

@@ -1,0 +1,98 @@
+"""Readings that several criteria share: trains or fails per cell, best within noise, grids of
+settings, LR sensitivity per seed. Each criterion's own thresholds stay in its docstring and code.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Dict, Iterable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from stabexp.analysis import least_squares, lr_sensitivity
+from stabexp.claims.registry import Evidence, every, mean
+
+
+def outcome(ev: Evidence, recipe: str, group: str, depth=None, setting: Optional[str] = "") -> str:
+    """"trains" when every seed's run trained (measures.with_outcome), "fails" when none did,
+    "mixed" otherwise, "-" without runs."""
+    runs = ev.runs(recipe=recipe, group=group, depth=depth, setting=setting)
+    if runs.empty:
+        return "-"
+    if runs.trained.all():
+        return "trains"
+    return "fails" if not runs.trained.any() else "mixed"
+
+
+def best_within_noise(ev: Evidence, recipe: str, depth, group: str, measure: str, higher_is_better: bool,
+                      groups: Optional[Sequence[str]] = None) -> Dict:
+    """Is `group` the best at `depth` among every group the recipe ran there (or `groups`)? It is
+    unless another group's mean beats its mean by more than the larger of the two groups' seed
+    standard deviations. Returns {"best": bool, "rank": 1-based by mean, "of": groups, "beaten_by": [...]}."""
+    runs = ev.runs(recipe=recipe, depth=depth, group=list(groups) if groups else None)
+    sign = 1.0 if higher_is_better else -1.0
+    stats = runs.groupby("group")[measure].agg(["mean", "std"]).fillna({"std": 0.0})
+    stats["mean"] = stats["mean"].fillna(-np.inf if higher_is_better else np.inf)
+    mine = stats.loc[group]
+    beaten_by = [g for g, s in stats.iterrows() if g != group
+                 and sign * (s["mean"] - mine["mean"]) > max(s["std"], mine["std"])]
+    rank = int((sign * stats["mean"] > sign * mine["mean"]).sum()) + 1
+    return {"best": not beaten_by, "rank": rank, "of": len(stats), "beaten_by": beaten_by}
+
+
+def grid(**axes: Iterable) -> list:
+    """The settings of a sweep over `axes` ({key: values}), each as analysis.setting writes it:
+    its overrides sorted and joined by spaces."""
+    keys = list(axes)
+    return [" ".join(sorted(f"{k}={v}" for k, v in zip(keys, values)))
+            for values in itertools.product(*(axes[k] for k in keys))]
+
+
+def parse(setting: str) -> Dict[str, str]:
+    return dict(part.split("=", 1) for part in str(setting).split() if "=" in part)
+
+
+def with_setting(runs: pd.DataFrame, key: str, value: str) -> pd.DataFrame:
+    """The runs whose setting has key=value (exactly as the sweep wrote it)."""
+    mask = runs.setting.map(lambda s: parse(s).get(key) == value).astype(bool)
+    return runs.loc[mask]
+
+
+def without(setting: str, key: str) -> str:
+    return " ".join(p for p in str(setting).split() if not p.startswith(f"{key}="))
+
+
+def lr_sensitivities(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per seed and setting without its lr (`rest`): Wortsman et al.'s LR sensitivity over the
+    lrs run (analysis.lr_sensitivity; a diverged run counts as the loss at init)."""
+    runs = runs.assign(rest=runs.setting.map(lambda s: without(s, "train.lr")),
+                       final=np.where(runs.status == "completed", runs.final_eval_loss, np.nan))
+    out = []
+    for (seed, group, rest), r in runs.groupby(["seed", "group", "rest"]):
+        out.append({"seed": seed, "group": group, "rest": rest, "lrs": len(r),
+                    "sensitivity": lr_sensitivity(r.final, r["eval_loss@0"].mean())})
+    return pd.DataFrame(out)
+
+
+def log_slope_per_seed(runs: pd.DataFrame, x: str, y: str, log_x: bool = True, log_y: bool = False) -> pd.DataFrame:
+    """Per seed: least squares of y (or ln y) on ln x (or x), with R^2."""
+    out = []
+    for seed, r in runs.dropna(subset=[x, y]).groupby("seed"):
+        if r[x].nunique() < 3:
+            continue
+        xs = np.log(r[x].astype(float)) if log_x else r[x].astype(float)
+        ys = np.log(r[y].astype(float)) if log_y else r[y].astype(float)
+        out.append({"seed": seed, **least_squares(xs, ys)})
+    return pd.DataFrame(out, columns=["seed", "slope", "intercept", "r2"])
+
+
+def growth(ev: Evidence, recipe: str, group: str, measure: str, depths: Sequence[int], setting="") -> pd.Series:
+    """Per seed: the measure at the deepest of `depths` over that at the shallowest."""
+    deep = ev.value(measure, recipe=recipe, group=group, depth=max(depths), setting=setting)
+    shallow = ev.value(measure, recipe=recipe, group=group, depth=min(depths), setting=setting)
+    return (deep / shallow).dropna()
+
+
+__all__ = ["outcome", "best_within_noise", "grid", "parse", "with_setting", "without", "lr_sensitivities", "log_slope_per_seed",
+           "growth", "every", "mean"]

@@ -1,0 +1,661 @@
+"""The claims registry: every criterion judged on synthetic runs whose numbers sit on either side of
+its thresholds (the verdict must flip), a claim short of seeds is "not run", the measures come out
+of real run folders, and the recorded table round-trips."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from stabexp import claims
+from stabexp.claims import admin, deepnet, others
+from stabexp.claims.measures import KEY, RECORD_COLUMNS, from_run_folders, read_recorded, write_recorded
+from stabexp.claims.registry import DOES_NOT_HOLD, HOLDS, NOT_RUN, NOT_RUN_PAPER, PARTLY, Evidence
+from stabexp.claims.measures import wide
+
+SEEDS = (0, 1, 2)
+CLAIMS = {c.id: c for c in claims.CLAIMS}
+
+
+def run(recipe, group, depth=None, seed=0, setting="", task="sort", status="completed", scale="default", **measures):
+    """The records of one synthetic run."""
+    base = {"recipe": recipe, "scale": scale, "group": group, "depth": depth, "decoder_depth": None, "seed": seed,
+            "setting": setting, "task": task, "status": status, "date": "2026-12-03"}
+    return [{**base, "measure": m, "value": v} for m, v in measures.items()]
+
+
+def seeds(recipe, group, depth=None, **measures):
+    """One run per seed; a measure given as a list takes its seed's entry."""
+    out = []
+    for s in SEEDS:
+        mine = {k: (v[s] if isinstance(v, (list, tuple)) else v) for k, v in measures.items()}
+        out += run(recipe, group, depth, seed=s, **mine)
+    return out
+
+
+def verdict(claim_id, rows):
+    result = claims.evaluate_all(pd.DataFrame(rows, columns=RECORD_COLUMNS), [CLAIMS[claim_id]])[0]
+    return result.verdict
+
+
+def test_every_claim_has_a_rule_a_command_and_a_known_section():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    assert len(claims.CLAIMS) == len(CLAIMS) >= 29
+    for c in claims.CLAIMS:
+        assert "olds" in c.rule, c.id
+        assert c.command.startswith(("stabexp run experiment=", "stabexp run -m ")), c.id
+        assert all(cells.seeds >= 1 for cells in c.needs)
+        # Trained numbers rest on three seeds at least; the grid's one run per setting is the paper's.
+        assert all(cells.seeds >= 3 for cells in c.needs) or c.id.startswith("admin-grid"), c.id
+        assert c.section and f"## {c.section.split('-')[0]}." in text, c.id
+
+
+def test_nothing_recorded_is_not_run():
+    for c in claims.CLAIMS:
+        expected = NOT_RUN_PAPER if c.paper_scale_only else NOT_RUN
+        assert verdict(c.id, []) == expected
+
+
+# --- DeepNet Fig. 4 -------------------------------------------------------------------------
+
+def _early(recipe="deepnet_early", postln2=8.0, warm2=0.3, init29=1.0, warm29=2.0):
+    return (seeds(recipe, "postln", **{"model_update@2": postln2, "model_update@29": 7.0})
+            + seeds(recipe, "postln_warmup", **{"model_update@2": warm2, "model_update@29": warm29})
+            + seeds(recipe, "postln_init", **{"model_update@2": 0.1, "model_update@29": init29}))
+
+
+@pytest.mark.parametrize("claim", ["deepnet-fig4-update", "deepnet-fig4-update-paper"])
+def test_fig4_update_flips_at_ten_times_and_at_the_lowest(claim):
+    recipe = "deepnet_early_paper" if claim.endswith("paper") else "deepnet_early"
+    assert verdict(claim, _early(recipe)) == HOLDS
+    assert verdict(claim, _early(recipe, postln2=[8.0, 2.9, 8.0])) == PARTLY  # one seed's jump only 9.7x
+    assert verdict(claim, _early(recipe, postln2=3.1)) == HOLDS  # 10.3x
+    assert verdict(claim, _early(recipe, postln2=2.0, init29=2.5)) == DOES_NOT_HOLD
+    assert verdict(claim, _early(recipe)[:-2]) == NOT_RUN  # one seed short
+
+
+def _ln(recipe="deepnet_early", post=1.2, warm=1.0, init=1.01):
+    return (seeds(recipe, "postln", **{"ln_input_growth@30": post})
+            + seeds(recipe, "postln_warmup", **{"ln_input_growth@30": warm})
+            + seeds(recipe, "postln_init", **{"ln_input_growth@30": init}))
+
+
+def test_fig4_ln_flips_at_ten_and_five_percent():
+    assert verdict("deepnet-fig4-ln", _ln()) == HOLDS
+    assert verdict("deepnet-fig4-ln", _ln(warm=1.06)) == PARTLY
+    assert verdict("deepnet-fig4-ln", _ln(warm=1.04)) == HOLDS
+    assert verdict("deepnet-fig4-ln", _ln(post=1.09)) == DOES_NOT_HOLD
+    assert verdict("deepnet-fig4-ln-paper", _ln("deepnet_early_paper")) == HOLDS
+
+
+def _grad(post=0.001, init=0.1):
+    m = "grad_bottom_over_top@30"
+    return (seeds("deepnet_early", "postln", **{m: post}) + seeds("deepnet_early", "postln_warmup", **{m: 0.01})
+            + seeds("deepnet_early", "postln_init", **{m: init}))
+
+
+def test_fig4_grad_flips_at_vanishing_and_at_kept():
+    assert verdict("deepnet-fig4-grad", _grad()) == HOLDS
+    assert verdict("deepnet-fig4-grad", _grad(init=0.009)) == PARTLY
+    assert verdict("deepnet-fig4-grad", _grad(post=0.011, init=1.0)) == DOES_NOT_HOLD
+
+
+# --- DeepNet Fig. 5 -------------------------------------------------------------------------
+
+def _fig5(recipe="deepnet_depth", post_growth=10.0, deep_growth=1.5, deep_level=0.01):
+    rows = []
+    for d in deepnet.FIG5_DEPTHS:
+        f = (d - 6) / 94
+        post = 0.1 * (1 + (post_growth - 1) * f)
+        deep = deep_level * (1 + (deep_growth - 1) * f)
+        steps = [f"model_update@{k}" for k in (1, 10, 30)]
+        rows += seeds(recipe, "postln_warmup", d, **{k: post for k in steps})
+        rows += seeds(recipe, "deepnorm", d, **{k: deep for k in steps})
+    return rows
+
+
+def test_fig5_flips_at_each_of_its_three_parts():
+    assert verdict("deepnet-fig5", _fig5()) == HOLDS
+    assert verdict("deepnet-fig5", _fig5(deep_growth=2.1)) == PARTLY  # DeepNorm not "nearly constant"
+    assert verdict("deepnet-fig5", _fig5(post_growth=2.9)) == DOES_NOT_HOLD  # Post-LN does not grow
+    assert verdict("deepnet-fig5", _fig5(deep_level=0.034)) == DOES_NOT_HOLD  # not a third of Post-LN's at 6L
+    assert verdict("deepnet-fig5-paper", _fig5("deepnet_depth_paper")) == HOLDS
+
+
+# --- DeepNet Table 1 and Fig. 6 -------------------------------------------------------------
+
+def _synthetic(recipe="depth_table", depths=deepnet.SYNTHETIC_DEPTHS, groups=deepnet.TABLE1_GROUPS, flip=(),
+               loss=None):
+    """Each group trains (loss 0.1) or fails (2.7) as Table 1 says, except the (group, depth) in
+    `flip`; `loss` overrides a trained cell's loss."""
+    rows = []
+    for g in groups:
+        for d in depths:
+            ok = deepnet._expected(g, d) == "trains"
+            ok = not ok if (g, d) in flip else ok
+            value = (loss or {}).get((g, d), 0.1) if ok else 2.7
+            rows += seeds(recipe, g, d, final_eval_loss=value, position_only_eval_loss=1.94)
+    return rows
+
+
+def test_table1_on_the_synthetic_task_flips_on_agreement():
+    assert verdict("deepnet-table1-synthetic", _synthetic()) == HOLDS
+    assert verdict("deepnet-table1-synthetic", _synthetic(flip=[("ds_init", 18), ("ds_init", 50)])) == PARTLY
+    assert verdict("deepnet-table1-synthetic", _synthetic(flip=[("deepnorm", 50)])) == DOES_NOT_HOLD
+    assert verdict("deepnet-table1-synthetic", _synthetic(flip=[("postln_warmup", 18)])) == DOES_NOT_HOLD
+    # Over half the cells disagreeing: not even partly.
+    many = [(g, d) for g in ("rezero", "ds_init", "admin", "dlcl", "postln", "normformer", "preln") for d in (6, 18, 50)
+            if g not in ("postln",) or d == 6]
+    assert verdict("deepnet-table1-synthetic", _synthetic(flip=many)) == DOES_NOT_HOLD
+
+
+def test_one_seed_of_three_failing_makes_a_cell_mixed():
+    rows = _synthetic()
+    for r in rows:
+        if r["group"] == "rezero" and r["depth"] == 18 and r["seed"] == 1 and r["measure"] == "final_eval_loss":
+            r["value"] = 0.1
+    assert verdict("deepnet-table1-synthetic", rows) == PARTLY
+
+
+def test_fig6_on_the_synthetic_task_flips_on_best_and_on_depth():
+    losses = {(g, 50): 0.05 for g in deepnet.FIG6_GROUPS}
+    losses[("deepnorm", 50)] = 0.01
+    rows = _synthetic(groups=deepnet.FIG6_GROUPS, loss=losses)
+    assert verdict("deepnet-fig6-synthetic", rows) == HOLDS
+    beaten = {**losses, ("fixup", 50): 0.001}
+    assert verdict("deepnet-fig6-synthetic", _synthetic(groups=deepnet.FIG6_GROUPS, loss=beaten)) == PARTLY
+    worse_deep = {**losses, ("deepnorm", 50): 0.3, ("deepnorm", 6): 0.01}
+    assert verdict("deepnet-fig6-synthetic", _synthetic(groups=deepnet.FIG6_GROUPS, loss=worse_deep)) == PARTLY
+    assert verdict("deepnet-fig6-synthetic", _synthetic(groups=deepnet.FIG6_GROUPS, flip=[("deepnorm", 18)])) == DOES_NOT_HOLD
+
+
+def test_best_within_noise_counts_a_lead_inside_the_spread_as_a_tie():
+    rows = seeds("r", "a", 6, final_eval_loss=[0.10, 0.20, 0.30]) + seeds("r", "b", 6, final_eval_loss=[0.15, 0.16, 0.17])
+    ev = Evidence(wide(pd.DataFrame(rows, columns=RECORD_COLUMNS)))
+    from stabexp.claims.rules import best_within_noise
+
+    assert best_within_noise(ev, "r", 6, "a", "final_eval_loss", False)["best"]  # b's lead 0.04 < a's sd 0.1
+    rows = seeds("r", "a", 6, final_eval_loss=[0.30, 0.31, 0.32]) + seeds("r", "b", 6, final_eval_loss=[0.15, 0.16, 0.17])
+    ev = Evidence(wide(pd.DataFrame(rows, columns=RECORD_COLUMNS)))
+    assert best_within_noise(ev, "r", 6, "a", "final_eval_loss", False)["beaten_by"] == ["b"]
+
+
+def _bleu(recipe, groups, depths, bleu):
+    rows = []
+    for g in groups:
+        for d in depths:
+            rows += [dict(r, task="multi30k") for r in seeds(recipe, g, d, test_bleu=bleu(g, d))]
+    return rows
+
+
+def test_table1_on_translation_flips_on_agreement():
+    groups = ("postln", "postln_warmup", "admin", "preln", "deepnorm")
+    paper_like = lambda g, d: 0.01 if g.startswith("postln") and d >= 18 else 10.0  # noqa: E731
+    assert verdict("deepnet-table1-multi30k", _bleu("multi30k_table", groups, (6, 18), paper_like)) == HOLDS
+    admin_fails = lambda g, d: 0.5 if g == "admin" and d == 18 else paper_like(g, d)  # noqa: E731
+    assert verdict("deepnet-table1-multi30k", _bleu("multi30k_table", groups, (6, 18), admin_fails)) == PARTLY
+    postln_trains = lambda g, d: 5.0 if g == "postln" else paper_like(g, d)  # noqa: E731
+    assert verdict("deepnet-table1-multi30k", _bleu("multi30k_table", groups, (6, 18), postln_trains)) == DOES_NOT_HOLD
+
+
+def test_fig6_on_translation_flips_on_best():
+    groups = ("deepnorm", "admin", "postln", "preln", "rezero", "fixup", "t_fixup")
+    fine = lambda g, d: 0.01 if g == "postln" and d >= 12 else (15.0 if g == "deepnorm" else 12.0)  # noqa: E731
+    assert verdict("deepnet-fig6-multi30k", _bleu("multi30k_table", groups, (6, 12, 18), fine)) == HOLDS
+    t_fixup = lambda g, d: 25.0 if g == "t_fixup" else fine(g, d)  # noqa: E731
+    assert verdict("deepnet-fig6-multi30k", _bleu("multi30k_table", groups, (6, 12, 18), t_fixup)) == PARTLY
+
+
+def test_the_paper_scale_claim_reads_paper_scale_runs_only():
+    groups = ("postln_warmup", "admin", "preln", "deepnorm")
+    table = lambda g, d: 10.0 if deepnet._expected(g, d) == "trains" else 0.0  # noqa: E731
+    default = _bleu("multi30k_table", groups, (50, 100), table)
+    assert verdict("deepnet-table1-paper", default) == NOT_RUN_PAPER
+    paper = [dict(r, scale="paper") for r in default]
+    assert verdict("deepnet-table1-paper", paper) == HOLDS
+
+
+# --- deep decoder-only models, Fig. 8, 1,000 layers -----------------------------------------
+
+def _lm(recipe, depth, deep, post, extra=()):
+    rows = []
+    for g, loss in (("deepnorm", deep), ("postln", post), *extra):
+        rows += [dict(r, task="lm") for r in seeds(recipe, g, depth, final_eval_loss=loss, unigram_eval_loss=5.465)]
+    return rows
+
+
+def test_lm_100_layers_flips_on_deepnorm_and_on_postln():
+    assert verdict("deepnet-lm-100", _lm("lm_depth", 100, 4.0, 5.47)) == HOLDS
+    assert verdict("deepnet-lm-100", _lm("lm_depth", 100, 4.0, 5.40)) == PARTLY  # Post-LN beats unigram by 0.065
+    assert verdict("deepnet-lm-100", _lm("lm_depth", 100, 4.0, 5.42)) == HOLDS  # by 0.045: not trained
+    assert verdict("deepnet-lm-100", _lm("lm_depth", 100, [4.0, 5.45, 4.0], 5.47)) == DOES_NOT_HOLD
+    # Other groups at 100 layers do not enter a claim that is not comparative.
+    assert verdict("deepnet-lm-100", _lm("lm_depth", 100, 4.0, 5.47, extra=[("fixup", 3.0)])) == HOLDS
+
+
+def test_lm_1000_layers():
+    rows = _lm("lm_1000_layers", 1000, 4.5, 5.47, extra=[("postln_warmup", 5.47)])
+    assert verdict("deepnet-1000-layers-lm", rows) == HOLDS
+    rows = _lm("lm_1000_layers", 1000, 5.47, 5.47, extra=[("postln_warmup", 5.47)])
+    assert verdict("deepnet-1000-layers-lm", rows) == DOES_NOT_HOLD
+
+
+def _thousand(deep_loss, deep_acc, post_loss=2.71):
+    rows = []
+    for g, loss, acc in (("deepnorm", deep_loss, deep_acc), ("postln", post_loss, 0.06), ("postln_warmup", 2.71, 0.06)):
+        rows += seeds("deepnet_1000_layers", g, 500, final_eval_loss=loss, final_eval_acc=acc, position_only_eval_loss=1.94)
+    return rows
+
+
+def test_1000_layers_flips_on_solving_the_task():
+    assert verdict("deepnet-1000-layers", _thousand(0.02, 0.995)) == HOLDS
+    assert verdict("deepnet-1000-layers", _thousand(1.44, 0.40)) == PARTLY
+    assert verdict("deepnet-1000-layers", _thousand(0.3, 0.89)) == PARTLY
+    assert verdict("deepnet-1000-layers", _thousand(2.7, 0.06)) == DOES_NOT_HOLD
+    assert verdict("deepnet-1000-layers", _thousand(0.02, 0.995, post_loss=0.5)) == PARTLY
+
+
+def _law(depths, slope=-0.1, noise=0.0):
+    rows = []
+    for i, d in enumerate(depths):
+        loss = [4.5 + slope * math.log(d) + noise * (-1) ** i for s in SEEDS]
+        rows += [dict(r, task="lm") for r in seeds("lm_depth", "deepnorm", d, final_eval_loss=loss)]
+    return rows
+
+
+def test_depth_law_flips_on_its_slope_fit_and_range():
+    depths = (6, 18, 50, 100, 200)
+    assert verdict("deepnet-fig8", _law(depths)) == PARTLY  # falls and fits, but only to 200 layers
+    assert verdict("deepnet-fig8", _law(depths, slope=0.01)) == DOES_NOT_HOLD
+    ev = Evidence(wide(pd.DataFrame(_law((6, 100, 1000)), columns=RECORD_COLUMNS)))
+    assert deepnet._depth_law("lm_depth", (6, 100, 1000))(ev)[0] == HOLDS
+    ev = Evidence(wide(pd.DataFrame(_law((6, 100, 1000), noise=0.3), columns=RECORD_COLUMNS)))
+    assert deepnet._depth_law("lm_depth", (6, 100, 1000))(ev)[0] == PARTLY  # R² below 0.9
+
+
+def test_robustness_flips_on_spread_and_divergence():
+    def rows(spread=0.2, diverged=False):
+        out = []
+        for i, r in enumerate(deepnet.ROBUSTNESS):
+            for s in SEEDS:
+                status = "diverged" if diverged and i == 3 and s == 0 else "completed"
+                out += run("deepnet_robustness", "deepnorm", 18, seed=s, setting=f"robustness={r}", task="multi30k",
+                           status=status, final_eval_loss=3.5 + spread * i / (len(deepnet.ROBUSTNESS) - 1))
+        return out
+    assert verdict("deepnet-fig7", rows()) == HOLDS
+    assert verdict("deepnet-fig7", rows(spread=0.3)) == PARTLY
+    assert verdict("deepnet-fig7", rows(diverged=True)) == DOES_NOT_HOLD
+
+
+@pytest.mark.parametrize("claim,recipe,depths", [("deepnet-thm41", "deepnet_bound", (6, 18, 50, 100)),
+                                                 ("deepnet-thm43", "deepnet_bound_encdec", (6, 18, 50))])
+def test_bound_flips_on_violation_and_on_growth(claim, recipe, depths):
+    def rows(post=10.0, deep=1.5, floor=1.2):
+        out = []
+        for g, grow in (("postln", post), ("postln_init", 2.0), ("deepnorm", deep)):
+            for d in depths:
+                f = (d - min(depths)) / (max(depths) - min(depths))
+                out += seeds(recipe, g, d, bound_min_ratio=floor, **{"bound@1": 1 + (grow - 1) * f})
+        return out
+    assert verdict(claim, rows()) == HOLDS
+    assert verdict(claim, rows(deep=2.5)) == PARTLY  # DeepNorm's grows 2.5x: not held down
+    assert verdict(claim, rows(post=2.0, deep=2.5)) == DOES_NOT_HOLD  # Post-LN's grows slower
+    assert verdict(claim, rows(floor=0.99)) == DOES_NOT_HOLD
+
+
+# --- Admin and Xiong et al. -----------------------------------------------------------------
+
+def _change(shapes):
+    rows = []
+    for g, shape in shapes.items():
+        for d in admin.OUTPUT_CHANGE_DEPTHS:
+            n = 5 * d
+            value = {"linear": 0.01 * n, "log": math.log(n), "flat": 1.0 + 0.3 * (-1) ** d}[shape]
+            rows += seeds("admin_output_change", g, d, sublayers=n, output_change=value)
+    return rows
+
+
+def test_theorem2_flips_per_group_shape():
+    assert verdict("admin-thm2", _change(admin.SHAPE)) == HOLDS
+    assert verdict("admin-thm2", _change(dict(admin.SHAPE, postln="log"))) == PARTLY
+    assert verdict("admin-thm2", _change({"postln": "log", "preln": "linear", "admin": "flat"})) == DOES_NOT_HOLD
+
+
+def test_clinic_flips_per_group_shape():
+    def rows(postln_linear=0.99):
+        out = []
+        for g, shape in admin.SHAPE.items():
+            good, bad = (postln_linear, 0.8) if g == "postln" else (0.98, 0.7)
+            r2 = {"clinic_linear_r2": good, "clinic_log_r2": bad} if shape == "linear" else {"clinic_log_r2": good, "clinic_linear_r2": bad}
+            out += [dict(r, setting="model=base", task="multi30k") for r in seeds("admin_clinic", g, 100, **r2)]
+        return out
+    assert verdict("admin-thm2-clinic", rows()) == HOLDS
+    assert verdict("admin-thm2-clinic", rows(postln_linear=0.94)) == PARTLY
+
+
+def _w2(post_slope=0.0, pre_slope=-0.5):
+    rows = []
+    for d in admin.OUTPUT_CHANGE_DEPTHS:
+        rows += seeds("grad_at_init", "postln", d, w2_grad_last=[d ** post_slope * (1 + 0.01 * s) for s in SEEDS])
+        rows += seeds("grad_at_init", "preln", d, w2_grad_last=[d ** pre_slope * (1 + 0.01 * s) for s in SEEDS])
+    return rows
+
+
+def test_w2_slopes_flip_at_their_tolerance_and_order():
+    assert verdict("xiong-w2-grad", _w2()) == HOLDS
+    assert verdict("xiong-w2-grad", _w2(post_slope=0.16)) == PARTLY
+    assert verdict("xiong-w2-grad", _w2(pre_slope=-0.34)) == PARTLY
+    assert verdict("xiong-w2-grad", _w2(pre_slope=0.1)) == DOES_NOT_HOLD
+
+
+def test_preln_stream_flips_at_its_r2():
+    rows = lambda r2: seeds("grad_at_init", "preln", 100, stream_sq_linear_r2=r2)  # noqa: E731
+    assert verdict("xiong-preln-stream", rows(0.96)) == HOLDS
+    assert verdict("xiong-preln-stream", rows([0.96, 0.94, 0.99])) == PARTLY
+    assert verdict("xiong-preln-stream", rows(0.79)) == DOES_NOT_HOLD
+
+
+def _vanish(dec=0.003, enc=0.6, pre=0.7, cross=0.7, self_attn=0.9):
+    at = dict(depth=18)
+    return (seeds("admin_grad_vanishing", "postln", decoder_bottom_gradient=dec, encoder_bottom_gradient=enc,
+                  decoder_keep_cross_attn=cross, decoder_keep_self_attn=self_attn, decoder_keep_ffn=1.0, **at)
+            + seeds("admin_grad_vanishing", "preln", decoder_bottom_gradient=pre, encoder_bottom_gradient=0.8, **at)
+            + seeds("admin_grad_vanishing", "hybrid_postln_preln", decoder_bottom_gradient=0.6, **at))
+
+
+def test_theorem1_flips_on_vanishing_and_on_where():
+    assert verdict("admin-thm1", _vanish()) == HOLDS
+    assert verdict("admin-thm1", _vanish(cross=0.95)) == PARTLY  # the self-attention loses most
+    assert verdict("admin-thm1", _vanish(enc=0.2)) == DOES_NOT_HOLD  # the encoder vanishes too
+    assert verdict("admin-thm1", _vanish(dec=0.06)) == DOES_NOT_HOLD
+
+
+def test_hybrid_flips_on_failing_and_on_worse():
+    def rows(hybrid, preln=0.03, grad=0.6):
+        out = seeds("admin_hybrid", "hybrid_postln_preln", 18, final_eval_loss=hybrid, position_only_eval_loss=1.94)
+        out += seeds("admin_hybrid", "preln", 18, final_eval_loss=preln, position_only_eval_loss=1.94)
+        return out + seeds("admin_grad_vanishing", "hybrid_postln_preln", 18, decoder_bottom_gradient=grad)
+    assert verdict("admin-hybrid", rows(2.7)) == HOLDS
+    assert verdict("admin-hybrid", rows(0.65)) == PARTLY  # trains, 20x Pre-LN's loss
+    assert verdict("admin-hybrid", rows(0.1)) == DOES_NOT_HOLD  # 3x: not worse enough
+    assert verdict("admin-hybrid", rows(2.7, grad=0.2)) == DOES_NOT_HOLD  # it vanishes
+
+
+def test_hybrid_on_translation():
+    rows = [dict(r, task="multi30k") for r in seeds("multi30k_table", "hybrid_postln_preln", 18, test_bleu=0.2)]
+    rows += [dict(r, task="multi30k") for r in seeds("multi30k_table", "preln", 18, test_bleu=10.0)]
+    rows += seeds("admin_grad_vanishing", "hybrid_postln_preln", 18, decoder_bottom_gradient=0.6)
+    assert verdict("admin-hybrid-multi30k", rows) == HOLDS
+    for r in rows:
+        if r["group"] == "hybrid_postln_preln" and r["measure"] == "test_bleu":
+            r["value"] = 3.2
+    assert verdict("admin-hybrid-multi30k", rows) == PARTLY
+
+
+def test_dependency_flips_on_start_and_end():
+    def rows(admin_init=0.3, admin_end=0.55):
+        values = {"postln_warmup": (0.55, 0.55), "preln": (0.3, 0.35), "admin": (admin_init, admin_end)}
+        out = []
+        for g, (i, e) in values.items():
+            out += seeds("admin_dependency", g, 18, **{"own_dependency@init": i, "own_dependency@end": e})
+        return out
+    assert verdict("admin-dependency", rows()) == HOLDS
+    assert verdict("admin-dependency", rows(admin_end=0.4)) == PARTLY
+    assert verdict("admin-dependency", rows(admin_init=0.5)) == DOES_NOT_HOLD
+
+
+def test_grid_counts_divergence_in_the_papers_fifteen_settings():
+    def rows(post_diverged, pre_diverged=0):
+        out = []
+        for g, n in (("postln", post_diverged), ("preln", pre_diverged), ("admin", 0)):
+            for i, s in enumerate(admin.GRID):
+                out += run("admin_grid", g, 6, setting=s, status="diverged" if i < n else "completed", final_eval_loss=0.5)
+            out += run("admin_grid", g, 6, setting="optim.betas=[0.9,0.99] train.lr=5e-3", status="diverged",
+                       final_eval_loss=0.5)  # outside the paper's 15: not counted
+        return out
+    assert verdict("admin-grid", rows(5)) == HOLDS
+    assert verdict("admin-grid", rows(4)) == PARTLY
+    assert verdict("admin-grid", rows(0)) == DOES_NOT_HOLD
+    assert verdict("admin-grid", rows(3, pre_diverged=3)) == DOES_NOT_HOLD
+    paper_scale = [dict(r, scale="paper", setting=r["setting"].replace(" train.lr", " task=multi30k train.lr"))
+                   for r in rows(7)]
+    assert verdict("admin-grid-paper", paper_scale) == HOLDS
+
+
+def test_rezero_flips_on_below_every_group():
+    def rows(postln_warmup=12.0):
+        out = []
+        for g, b in (("rezero", 10.0), ("rezero_postln", 10.5), ("admin", 12.0), ("postln_warmup", postln_warmup)):
+            out += [dict(r, task="multi30k") for r in seeds("admin_rezero", g, 6, test_bleu=b)]
+        return out
+    assert verdict("admin-rezero", rows()) == HOLDS
+    assert verdict("admin-rezero", rows(postln_warmup=5.0)) == PARTLY
+    assert verdict("admin-rezero", rows(postln_warmup=12.9)) == HOLDS  # the best 2.9 BLEU above ReZero
+    assert verdict("admin-rezero", rows(postln_warmup=13.1)) == PARTLY  # 3.1 above: not "1-2 BLEU below"
+    out = rows()
+    for r in out:
+        if r["group"] == "admin":
+            r["value"] = 9.0
+    assert verdict("admin-rezero", out) == PARTLY  # below Post-LN only
+    for r in out:
+        if r["group"] == "postln_warmup":
+            r["value"] = 9.0
+    assert verdict("admin-rezero", out) == DOES_NOT_HOLD
+
+
+def test_admin_depths_flips_on_preln():
+    groups = ("admin", "preln", "postln")
+    ahead = lambda g, d: {"admin": 12.0, "preln": 11.0, "postln": 0.01 if d > 6 else 6.0}[g]  # noqa: E731
+    assert verdict("admin-depths", _bleu("multi30k_table", groups, (6, 12, 18), ahead)) == HOLDS
+    behind = lambda g, d: 12.5 if g == "preln" and d == 18 else ahead(g, d)  # noqa: E731
+    assert verdict("admin-depths", _bleu("multi30k_table", groups, (6, 12, 18), behind)) == PARTLY
+    fails = lambda g, d: 0.5 if g == "admin" and d == 18 else behind(g, d)  # noqa: E731
+    assert verdict("admin-depths", _bleu("multi30k_table", groups, (6, 12, 18), fails)) == DOES_NOT_HOLD
+
+
+def test_fold_flips_on_error_and_on_input_scale():
+    def rows(error=1e-5, scale=0.0):
+        return [dict(r, setting="train.save_model=true") for r in
+                seeds("", "admin", 6, fold_logit_error=error, fold_input_scale=scale)]
+    assert verdict("admin-fold", rows()) == HOLDS
+    assert verdict("admin-fold", rows(scale=[0.0, 1.0, 0.0])) == PARTLY
+    assert verdict("admin-fold", rows(error=[1e-5, 2e-4, 1e-5])) == DOES_NOT_HOLD
+
+
+# --- the other papers ------------------------------------------------------------------------
+
+def test_smd_flips_at_ten_and_twenty_five_percent():
+    def rows(worst):
+        out = []
+        for i, s in enumerate(others.SMD_SETTINGS):
+            out += [dict(r, setting=s, task="teacher") for r in
+                    seeds("smd", "postln_warmup", smd_angular_ratio=worst if i == 5 else 1.01)]
+        return out
+    assert verdict("smd-equilibrium", rows(1.09)) == HOLDS
+    assert verdict("smd-equilibrium", rows(0.89)) == PARTLY
+    assert verdict("smd-equilibrium", rows(1.26)) == DOES_NOT_HOLD
+
+
+def _sweep(recipe, settings, group, loss, **measures):
+    """A run per seed and setting; `loss(setting, seed)` is the final eval loss (None: diverged)."""
+    out = []
+    for s in settings:
+        for seed in SEEDS:
+            value = loss(s, seed)
+            extra = {k: f(s, seed) for k, f in measures.items()}
+            out += run(recipe, group, 4, seed=seed, setting=s, task="lm", status="completed" if value is not None else "diverged",
+                       final_eval_loss=value if value is not None else float("nan"), **{"eval_loss@0": 6.2}, **extra)
+    return out
+
+
+def _lr(setting):
+    from stabexp.claims.rules import parse
+
+    return float(parse(setting)["train.lr"])
+
+
+def _wortsman(qk_gain=True, logit_ratio=0.01, z_helps=True):
+    from stabexp.claims.rules import parse
+
+    def loss(s, seed):
+        p = parse(s)
+        steep = 0.5 if (p["model.qk_norm"] == "true" and qk_gain) else 2.0
+        steep *= 0.8 if (p["train.z_loss"] == "1e-4" and z_helps) else 1.0
+        return 4.0 + steep * abs(math.log10(_lr(s) / 3e-3))
+    logit = lambda s, seed: 1000.0 * (logit_ratio if parse(s)["model.qk_norm"] == "true" else 1.0)  # noqa: E731
+    logz = lambda s, seed: -40.0 * (0.3 if (parse(s)["train.z_loss"] == "1e-4" and z_helps) else 1.0)  # noqa: E731
+    return _sweep("lr_sensitivity", others.WORTSMAN, "preln", loss, final_max_attn_logit=logit, final_log_z_mean=logz)
+
+
+def test_qk_layernorm_flips_on_sensitivity_and_logits():
+    assert verdict("wortsman-qk-layernorm", _wortsman()) == HOLDS
+    assert verdict("wortsman-qk-layernorm", _wortsman(logit_ratio=0.2)) == PARTLY
+    assert verdict("wortsman-qk-layernorm", _wortsman(qk_gain=False, logit_ratio=0.2)) == DOES_NOT_HOLD
+
+
+def test_z_loss_flips():
+    assert verdict("wortsman-z-loss", _wortsman()) == HOLDS
+    assert verdict("wortsman-z-loss", _wortsman(z_helps=False)) == DOES_NOT_HOLD
+
+
+def _lr2025(peri=0.3, dyt_gap=0.0):
+    def loss(group):
+        steep = {"preln": 1.0, "peri_ln": peri, "dyt": 1.0}[group]
+        return lambda s, seed: 4.0 + (dyt_gap if group == "dyt" else 0) + steep * abs(math.log10(_lr(s) / 3e-3))
+    return sum((_sweep("lr_sensitivity_2025", others.LR_ONLY, g, loss(g)) for g in ("preln", "peri_ln", "dyt")), [])
+
+
+def test_peri_ln_lr_sensitivity_flips_at_half():
+    assert verdict("peri-ln-lr", _lr2025()) == HOLDS
+    assert verdict("peri-ln-lr", _lr2025(peri=0.7)) == PARTLY
+    assert verdict("peri-ln-lr", _lr2025(peri=1.1)) == DOES_NOT_HOLD
+
+
+def test_dyt_flips_at_its_gaps():
+    assert verdict("dyt-matches", _lr2025(dyt_gap=0.04)) == HOLDS
+    assert verdict("dyt-matches", _lr2025(dyt_gap=0.1)) == PARTLY
+    assert verdict("dyt-matches", _lr2025(dyt_gap=0.3)) == DOES_NOT_HOLD
+
+
+def test_peri_ln_stream_and_curse_of_depth():
+    def rows(peri=1.5, pre=12.0, pre_cheap=0.8, scaled_cheap=0.6):
+        out = [dict(r, task="lm") for r in seeds("lm_depth", "peri_ln", 100, stream_growth=peri)]
+        out += [dict(r, task="lm") for r in seeds("lm_depth", "preln", 100, stream_growth=pre, cheap_layer_share=pre_cheap)]
+        return out + [dict(r, task="lm") for r in seeds("lm_depth", "layernorm_scaled", 100, cheap_layer_share=scaled_cheap)]
+    assert verdict("peri-ln-stream", rows()) == HOLDS
+    assert verdict("peri-ln-stream", rows(peri=5.0)) == PARTLY
+    assert verdict("peri-ln-stream", rows(peri=13.0)) == DOES_NOT_HOLD
+    assert verdict("curse-of-depth", rows()) == HOLDS
+    assert verdict("curse-of-depth", rows(scaled_cheap=0.75)) == PARTLY
+    assert verdict("curse-of-depth", rows(pre_cheap=0.4)) == DOES_NOT_HOLD
+
+
+def test_qk_clip_flips_on_logits_and_loss():
+    from stabexp.claims.rules import parse
+
+    def rows(clipped_logit=120.0, penalty=0.0):
+        clipped = lambda s: parse(s)["train.qk_clip_tau"] == "100"  # noqa: E731
+        return _sweep("lr_sensitivity_muon", others.MUON, "preln",
+                      lambda s, seed: 4.2 + (penalty if clipped(s) else 0.0),
+                      final_max_attn_logit=lambda s, seed: clipped_logit if clipped(s) else 5000.0)
+    assert verdict("qk-clip", rows()) == HOLDS
+    assert verdict("qk-clip", rows(penalty=0.06)) == PARTLY
+    assert verdict("qk-clip", rows(clipped_logit=151.0)) == DOES_NOT_HOLD
+
+
+def test_reversal_plateau_flips_at_its_gap():
+    def rows(gap):
+        out = []
+        for d in (6, 18, 50, 100):
+            out += [dict(r, setting="task=reverse", task="reverse") for r in
+                    seeds("depth_table", "deepnorm", d, final_eval_loss=1.933 + gap, source_counts_eval_loss=1.933)]
+        return out
+    assert verdict("reversal-plateau", rows(0.04)) == HOLDS
+    assert verdict("reversal-plateau", rows(0.06)) == DOES_NOT_HOLD
+
+
+# --- evidence from run folders and recorded tables ------------------------------------------
+
+def test_measures_come_out_of_run_folders_and_round_trip(tmp_path, make_cfg):
+    from stabexp.train.trainer import train
+
+    sweep = tmp_path / "multirun" / "experiment=deepnet_early"
+    for group in ("postln", "postln_warmup"):
+        cfg = make_cfg(f"group={group}", "experiment=deepnet_early", "train.steps=3", "probe.first_steps=3")
+        train(cfg, sweep / f"group={group}")
+    records = from_run_folders(tmp_path)
+    assert set(records.group) == {"postln", "postln_warmup"}
+    assert set(records.recipe) == {"deepnet_early"}
+    found = set(records.measure)
+    for m in ("final_eval_loss", "model_update@1", "model_update@2", "ln_input_growth@1", "grad_bottom_over_top@1",
+              "position_only_eval_loss", "stream_sq_linear_r2"):
+        assert m in found, m
+    by_hand = pd.read_csv(sweep / "group=postln" / "metrics.csv")
+    update = records[(records.group == "postln") & (records.measure == "model_update@2")].value.iloc[0]
+    assert update == pytest.approx(by_hand.set_index("step").model_update[2])
+    table = tmp_path / "evidence.csv"
+    write_recorded(table, records)
+    back = read_recorded(table)
+    assert len(back) == len(records)
+    merged = back.merge(records, on=[*KEY[:2], "group", "seed", "measure"], suffixes=("", "_run"))
+    assert np.allclose(merged.value, merged.value_run, rtol=1e-5)
+
+
+def test_a_run_folder_wins_over_a_recorded_value(tmp_path):
+    rows = seeds("lm_depth", "deepnorm", 100, final_eval_loss=9.0)
+    old = tmp_path / "old.csv"
+    pd.DataFrame(rows, columns=RECORD_COLUMNS).to_csv(old, index=False)
+    new = pd.DataFrame(seeds("lm_depth", "deepnorm", 100, final_eval_loss=4.0), columns=RECORD_COLUMNS)
+    merged = claims.measures.merge([new, read_recorded(old)])
+    assert list(merged.value) == [4.0, 4.0, 4.0]
+
+
+def test_a_cells_table_is_evidence(tmp_path):
+    cells = tmp_path / "some_cells.csv"
+    pd.DataFrame([{"recipe": "lm_depth", "group": "deepnorm", "depth": 100, "decoder_depth": "", "seed": s, "setting": "",
+                   "experiment": "lm_depth", "task": "lm", "status": "completed", "final_eval_loss": 4.0,
+                   "test_bleu": "", "date": "2026-12-01"} for s in SEEDS]).to_csv(cells, index=False)
+    found = claims.records([cells])
+    assert set(found.measure) == {"final_eval_loss"} and len(found) == 3
+
+
+def test_the_command_prints_every_claim_and_json(tmp_path, capsys):
+    from stabexp.claims.command import main
+
+    table = tmp_path / "evidence.csv"
+    pd.DataFrame(_lm("lm_depth", 100, 4.0, 5.47), columns=RECORD_COLUMNS).to_csv(table, index=False)
+    assert main([str(table), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out) == len(claims.CLAIMS)
+    assert {r["id"]: r["verdict"] for r in out}["deepnet-lm-100"] == HOLDS
+    assert main([str(table)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("\n| [") == len(claims.CLAIMS)
+    assert main([str(tmp_path / "nope")]) == 2
+    assert "nope does not exist" in capsys.readouterr().err
+    assert main(["--only", "bogus", str(table)]) == 2
+    assert "bogus is not a claim" in capsys.readouterr().err
+
+
+def test_the_fold_is_measured_on_a_run_that_kept_its_weights(tmp_path, make_cfg):
+    from stabexp.train.trainer import train
+
+    cfg = make_cfg("group=admin", "train.save_model=true", "train.steps=4")
+    train(cfg, tmp_path / "runs" / "group=admin")
+    records = from_run_folders(tmp_path / "runs")
+    values = records.set_index("measure").value
+    assert values["fold_logit_error"] <= 1e-4 and values["fold_input_scale"] in (0.0, 1.0)
+    assert set(records.recipe) == {""}
+
+
+def test_a_table_that_holds_no_runs_is_one_line(tmp_path, capsys):
+    from stabexp.claims.command import main
+
+    other = tmp_path / "prices.csv"
+    other.write_text("item,price\nbread,2\n")
+    assert main([str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "prices.csv is not a recorded table of runs" in err
