@@ -62,9 +62,9 @@ def test_nothing_recorded_is_not_run():
 # --- DeepNet Fig. 4 -------------------------------------------------------------------------
 
 def _early(recipe="deepnet_early", postln2=8.0, warm2=0.3, init29=1.0, warm29=2.0):
-    return (seeds(recipe, "postln", **{"model_update@2": postln2, "model_update@29": 7.0})
-            + seeds(recipe, "postln_warmup", **{"model_update@2": warm2, "model_update@29": warm29})
-            + seeds(recipe, "postln_init", **{"model_update@2": 0.1, "model_update@29": init29}))
+    return (seeds(recipe, "postln", 18, **{"model_update@2": postln2, "model_update@29": 7.0})
+            + seeds(recipe, "postln_warmup", 18, **{"model_update@2": warm2, "model_update@29": warm29})
+            + seeds(recipe, "postln_init", 18, **{"model_update@2": 0.1, "model_update@29": init29}))
 
 
 @pytest.mark.parametrize("claim", ["deepnet-fig4-update", "deepnet-fig4-update-paper"])
@@ -74,13 +74,14 @@ def test_fig4_update_flips_at_ten_times_and_at_the_lowest(claim):
     assert verdict(claim, _early(recipe, postln2=[8.0, 2.9, 8.0])) == PARTLY  # one seed's jump only 9.7x
     assert verdict(claim, _early(recipe, postln2=3.1)) == HOLDS  # 10.3x
     assert verdict(claim, _early(recipe, postln2=2.0, init29=2.5)) == DOES_NOT_HOLD
+    assert verdict(claim, _early(recipe, init29=7.5, warm29=8.0)) == PARTLY  # above Post-LN's 7.0: not the lowest
     assert verdict(claim, _early(recipe)[:-2]) == NOT_RUN  # one seed short
 
 
 def _ln(recipe="deepnet_early", post=1.2, warm=1.0, init=1.01):
-    return (seeds(recipe, "postln", **{"ln_input_growth@30": post})
-            + seeds(recipe, "postln_warmup", **{"ln_input_growth@30": warm})
-            + seeds(recipe, "postln_init", **{"ln_input_growth@30": init}))
+    return (seeds(recipe, "postln", 18, **{"ln_input_growth@30": post})
+            + seeds(recipe, "postln_warmup", 18, **{"ln_input_growth@30": warm})
+            + seeds(recipe, "postln_init", 18, **{"ln_input_growth@30": init}))
 
 
 def test_fig4_ln_flips_at_ten_and_five_percent():
@@ -93,8 +94,8 @@ def test_fig4_ln_flips_at_ten_and_five_percent():
 
 def _grad(post=0.001, init=0.1):
     m = "grad_bottom_over_top@30"
-    return (seeds("deepnet_early", "postln", **{m: post}) + seeds("deepnet_early", "postln_warmup", **{m: 0.01})
-            + seeds("deepnet_early", "postln_init", **{m: init}))
+    return (seeds("deepnet_early", "postln", 18, **{m: post}) + seeds("deepnet_early", "postln_warmup", 18, **{m: 0.01})
+            + seeds("deepnet_early", "postln_init", 18, **{m: init}))
 
 
 def test_fig4_grad_flips_at_vanishing_and_at_kept():
@@ -352,8 +353,9 @@ def test_w2_slopes_flip_at_their_tolerance_and_order():
 
 
 def test_preln_stream_flips_at_its_r2():
-    rows = lambda r2: seeds("grad_at_init", "preln", 100, stream_sq_linear_r2=r2)  # noqa: E731
+    rows = lambda r2, slope=100.0: seeds("grad_at_init", "preln", 100, stream_sq_linear_r2=r2, stream_sq_slope=slope)  # noqa: E731
     assert verdict("xiong-preln-stream", rows(0.96)) == HOLDS
+    assert verdict("xiong-preln-stream", rows(0.96, slope=[100.0, -1.0, 100.0])) == DOES_NOT_HOLD  # a falling line
     assert verdict("xiong-preln-stream", rows([0.96, 0.94, 0.99])) == PARTLY
     assert verdict("xiong-preln-stream", rows(0.79)) == DOES_NOT_HOLD
 
@@ -472,7 +474,7 @@ def test_smd_flips_at_ten_and_twenty_five_percent():
         out = []
         for i, s in enumerate(others.SMD_SETTINGS):
             out += [dict(r, setting=s, task="teacher") for r in
-                    seeds("smd", "postln_warmup", smd_angular_ratio=worst if i == 5 else 1.01)]
+                    seeds("smd", "postln_warmup", 3, smd_angular_ratio=worst if i == 5 else 1.01)]
         return out
     assert verdict("smd-equilibrium", rows(1.09)) == HOLDS
     assert verdict("smd-equilibrium", rows(0.89)) == PARTLY
@@ -502,11 +504,11 @@ def _wortsman(qk_gain=True, logit_ratio=0.01, z_helps=True):
 
     def loss(s, seed):
         p = parse(s)
-        steep = 0.5 if (p["model.qk_norm"] == "true" and qk_gain) else 2.0
-        steep *= 0.8 if (p["train.z_loss"] == "1e-4" and z_helps) else 1.0
+        steep = 0.5 if (p["model.qk_norm"] == "True" and qk_gain) else 2.0
+        steep *= 0.8 if (p["train.z_loss"] == "0.0001" and z_helps) else 1.0
         return 4.0 + steep * abs(math.log10(_lr(s) / 3e-3))
-    logit = lambda s, seed: 1000.0 * (logit_ratio if parse(s)["model.qk_norm"] == "true" else 1.0)  # noqa: E731
-    logz = lambda s, seed: -40.0 * (0.3 if (parse(s)["train.z_loss"] == "1e-4" and z_helps) else 1.0)  # noqa: E731
+    logit = lambda s, seed: 1000.0 * (logit_ratio if parse(s)["model.qk_norm"] == "True" else 1.0)  # noqa: E731
+    logz = lambda s, seed: -40.0 * (0.3 if (parse(s)["train.z_loss"] == "0.0001" and z_helps) else 1.0)  # noqa: E731
     return _sweep("lr_sensitivity", others.WORTSMAN, "preln", loss, final_max_attn_logit=logit, final_log_z_mean=logz)
 
 
@@ -659,3 +661,59 @@ def test_a_table_that_holds_no_runs_is_one_line(tmp_path, capsys):
     assert main([str(other)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "prices.csv is not a recorded table of runs" in err
+
+
+def test_a_real_lr_sweep_is_judged_under_the_settings_hydra_records(stabexp_cli):
+    """The settings a claim needs are spelt as Hydra records a sweep's values (3e-1 -> 0.3,
+    false -> False), so a real lr sweep's runs land in the claim's cells."""
+    from stabexp.claims.rules import parse
+
+    result = stabexp_cli("run", "-m", "experiment=lr_sensitivity", "scale=quick", "train.lr=1e-3,3e-1",
+                         "model.qk_norm=false", "train.z_loss=0,1e-4", "train.steps=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = from_run_folders(stabexp_cli.outputs)
+    swept = {" ".join(f"{k}={v}" for k, v in sorted(parse(s).items()) if k != "train.steps") for s in found.setting}
+    assert len(swept) == 4 and swept <= set(others.WORTSMAN), swept - set(others.WORTSMAN)
+
+
+def test_runs_without_the_reference_loss_are_not_judged_trained_or_failed():
+    rows = [r for r in _lm("lm_depth", 100, 4.0, 5.47) if r["measure"] != "unigram_eval_loss"]
+    assert verdict("deepnet-lm-100", rows) == NOT_RUN or "-" in claims.evaluate_all(
+        pd.DataFrame(rows, columns=RECORD_COLUMNS), [CLAIMS["deepnet-lm-100"]])[0].measured
+    ev = Evidence(wide(pd.DataFrame(rows, columns=RECORD_COLUMNS)))
+    from stabexp.claims.rules import outcome
+
+    assert outcome(ev, "lm_depth", "deepnorm", 100) == "-"
+
+
+def test_a_seed_one_group_lacks_is_not_run_and_an_extra_seed_does_no_harm():
+    rows = _w2()
+    rows += run("grad_at_init", "postln", 6, seed=3, w2_grad_last=1.0)  # a fourth seed, Post-LN only
+    assert verdict("xiong-w2-grad", rows) == HOLDS
+    rows = [r for r in _fig5() if not (r["group"] == "deepnorm" and r["depth"] == 100 and r["seed"] == 2)]
+    rows += run("deepnet_depth", "deepnorm", 100, seed=2, final_eval_loss=0.1)  # a run without the probe's measure
+    assert verdict("deepnet-fig5", rows) == NOT_RUN
+
+
+def test_a_diverged_run_counts_as_nothing_in_a_mean():
+    def rows(rezero_status):
+        out = []
+        for g, b in (("rezero", 10.0), ("rezero_postln", 10.5), ("admin", 12.0), ("postln_warmup", 12.0)):
+            for s in SEEDS:
+                status = rezero_status if g == "rezero" else "completed"
+                out += run("admin_rezero", g, 6, seed=s, task="multi30k", status=status, test_bleu=b,
+                           final_eval_loss=3.0)
+        return out
+    assert verdict("admin-rezero", rows("completed")) == HOLDS
+    # Diverged in every seed: BLEU 0, more than 3 below the best.
+    assert verdict("admin-rezero", rows("diverged")) == PARTLY
+
+
+def test_a_run_folder_beats_a_recorded_table_which_beats_a_cells_table(tmp_path):
+    cells = tmp_path / "a_cells.csv"  # sorts first: precedence is by kind, not by name
+    pd.DataFrame([{"recipe": "lm_depth", "group": "deepnorm", "depth": 100, "seed": 0, "setting": "",
+                   "experiment": "lm_depth", "task": "lm", "status": "completed", "final_eval_loss": 9.0}]).to_csv(cells, index=False)
+    recorded = tmp_path / "z_evidence.csv"
+    pd.DataFrame(run("lm_depth", "deepnorm", 100, task="lm", final_eval_loss=4.0), columns=RECORD_COLUMNS).to_csv(recorded, index=False)
+    found = claims.records([tmp_path])
+    assert list(found[found.measure == "final_eval_loss"].value) == [4.0]

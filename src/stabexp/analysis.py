@@ -382,7 +382,9 @@ def lr_sensitivity(final_losses, loss_0: float) -> float:
     return float((clipped - clipped.min()).mean())
 
 
-NOT_A_SETTING = ("group=", "depth=", "seed=", "experiment=", "scale=")  # a sweep's cell, or its preset
+# A sweep's cell, its preset, or what config.run_name leaves out of a folder's name (what to do
+# with the folder, where the run is watched): none of them changes what a run computes.
+NOT_A_SETTING = ("group=", "depth=", "seed=", "experiment=", "scale=", "overwrite=", "logger=", "logger.")
 
 
 def setting(overrides, besides=()) -> str:

@@ -45,19 +45,23 @@ def recorded_tables(folder: Optional[Path] = None) -> List[Path]:
 
 def records(paths: Iterable[Path]) -> pd.DataFrame:
     """Records (measures.RECORD_COLUMNS) of every path: a folder of run folders, a recorded table, or
-    a folder of recorded tables (*.csv). Earlier paths win over later ones for the same run and
-    measure; within the arguments, run folders win over tables."""
-    folders, tables = [], []
+    a folder of recorded tables (*.csv). For the same run and measure, a run folder wins over a
+    table `stabexp claims --record` wrote, and that over a table of finished cells; among equals,
+    the earlier path wins."""
+    folders, recorded, cells = [], [], []
     for path in map(Path, paths):
         if path.is_file():
-            tables.append(read_recorded(path))
+            tables = [path]
         elif path.is_dir() and any(path.glob("*.csv")) and not any(path.rglob("summary.json")):
-            tables += [read_recorded(p) for p in recorded_tables(path)]
+            tables = recorded_tables(path)
         elif path.is_dir():
             folders.append(from_run_folders(path))
+            continue
         else:
             raise FileNotFoundError(f"{path} is neither a folder of runs nor a recorded table")
-    return merge([*folders, *tables])
+        for table in tables:
+            (recorded if "measure" in pd.read_csv(table, nrows=0).columns else cells).append(read_recorded(table))
+    return merge([*folders, *recorded, *cells])
 
 
 def evaluate_all(recorded: pd.DataFrame, claims: Optional[List[Claim]] = None) -> List[Result]:
@@ -65,13 +69,14 @@ def evaluate_all(recorded: pd.DataFrame, claims: Optional[List[Claim]] = None) -
     return [evaluate(claim, evidence) for claim in (claims or CLAIMS)]
 
 
-COLUMNS = ("claim", "paper", "evidence", "measured", "verdict", "missing")
+COLUMNS = ("claim", "paper", "evidence", "measured", "verdict", "runs", "missing")
 
 
 def markdown(results: List[Result], page: str = "", columns=COLUMNS) -> str:
     """The verdict table, one row per claim, with `columns` of: claim (linked to its section of
     `page`), paper, evidence (the scale and task), measured (with its spread over seeds), verdict,
-    missing (what it lacks, and the command that makes it); then the count of each verdict."""
+    runs (how many finished runs of its cells it read), missing (what it lacks, and the command
+    that makes it); then the count of each verdict."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in results:
         c = r.claim
@@ -81,12 +86,16 @@ def markdown(results: List[Result], page: str = "", columns=COLUMNS) -> str:
             missing = r.missing[0] + (f" (and {len(r.missing) - 1} more)" if len(r.missing) > 1 else "")
             missing += f"; `{c.command}`"
         cell = {"claim": f"{source}: {c.statement}", "paper": c.paper, "evidence": c.evidence,
-                "measured": r.measured, "verdict": f"**{r.verdict}**", "missing": missing}
+                "measured": r.measured, "verdict": f"**{r.verdict}**", "runs": str(r.runs), "missing": missing}
         lines.append("| " + " | ".join(cell[k].replace("|", "\\|") for k in columns) + " |")
     counts = pd.Series([r.verdict for r in results]).value_counts()
     lines.append("")
     lines.append(", ".join(f"{verdict}: {counts[verdict]}" for verdict in VERDICTS if verdict in counts)
                  + f" ({len(results)} claims).")
+    revised = [r.claim for r in results if r.claim.revised]
+    if "missing" in columns and revised:
+        lines += ["", "Rules changed after they were written:"]
+        lines += [f"- `{c.id}`: {c.revised}" for c in revised]
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ import pandas as pd
 
 from stabexp.analysis import (encoder_input_change, final_max_logit, last_w2_grad, least_squares,
                               linear_and_log_fits, output_gradients, setting, smd_equilibrium, update_bound_steps)
+from stabexp.claims.rules import normal_setting
 from stabexp.plotting.collect import collect
 
 KEY = ["recipe", "scale", "group", "depth", "decoder_depth", "seed", "setting"]
@@ -81,14 +82,17 @@ def _at_init(metrics: pd.DataFrame, layers: pd.DataFrame) -> List[pd.DataFrame]:
     if "w2_grad_norm" in layers:
         out.append(_per_run(last_w2_grad(layers), "w2_grad_norm", "w2_grad_last"))
     if "ln_input_norm" in rows:
-        # Xiong et al.: E||x_l||^2 linear in l. R^2 of that line per run, the worse of its stacks.
-        r2 = {}
+        # Xiong et al.: E||x_l||^2 linear in l. R^2 and slope of that line per run, the worse of its
+        # stacks (the smaller R^2, the smaller slope).
+        lines = []
         for run, r in rows.dropna(subset=["ln_input_norm"]).groupby("run"):
-            fits = [least_squares(np.arange(1, len(s) + 1), s.ln_input_norm.to_numpy() ** 2)["r2"]
+            fits = [least_squares(np.arange(1, len(s) + 1), s.ln_input_norm.to_numpy() ** 2)
                     for _, s in r.groupby("stack") if len(s) >= 3]
             if fits:
-                r2[run] = min(fits)
-        out.append(pd.DataFrame({"run": list(r2), "value": list(r2.values()), "measure": "stream_sq_linear_r2"}))
+                lines += [{"run": run, "measure": "stream_sq_linear_r2", "value": min(f["r2"] for f in fits)},
+                          {"run": run, "measure": "stream_sq_slope", "value": min(f["slope"] for f in fits)}]
+        if lines:
+            out.append(pd.DataFrame(lines))
     return out
 
 
@@ -170,6 +174,9 @@ def _late_probes(tables) -> List[pd.DataFrame]:
         if "param" in rows:
             rows = rows[rows.param.isna()]
         rows = rows[rows.step == rows.groupby("run").step.transform("max")]
+        # One stack per run: the decoder where there is one (analysis.stream_growth's, per stack).
+        top = rows.groupby("run")["stack"].transform(lambda s: "decoder" if (s == "decoder").any() else s.iloc[0])
+        rows = rows[rows["stack"] == top]
         ends = rows.groupby("run").stream_norm.agg(["first", "last"])
         out.append((ends["last"] / ends["first"]).rename("value").reset_index().assign(measure="stream_growth"))
     importance = tables["layer_importance"]
@@ -271,14 +278,21 @@ def from_cells(path: Path) -> pd.DataFrame:
     """A table of finished cells (cells.py's, or one of the same kind keyed by experiment) as
     records."""
     frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
-    if "recipe" not in frame:
-        frame["recipe"] = frame.experiment.map(lambda e: RECIPE_OF.get(e, e))
     for column, default in (("setting", ""), ("decoder_depth", np.nan), ("scale", "default"), ("task", np.nan),
                             ("date", "")):
         if column not in frame:
             frame[column] = default
     frame["setting"] = frame.setting.astype(object).where(frame.setting.notna(), "").astype(str)
-    present = [m for m in CELL_MEASURES if m in frame]
+    curves = Path(path).with_name(Path(path).stem + "_curves.csv")
+    if curves.is_file() and "recipe" in frame:  # the eval loss at init, what LR sensitivity is measured from
+        steps = pd.read_csv(curves, keep_default_na=False, na_values=[""])
+        steps["setting"] = steps.setting.astype(object).where(steps.setting.notna(), "").astype(str)
+        init = steps[steps.step == 0].rename(columns={"eval_loss": "eval_loss@0"})
+        join = ["recipe", "group", "depth", "seed", "setting"]
+        frame = frame.merge(init[[*join, "eval_loss@0"]].drop_duplicates(join), on=join, how="left")
+    if "experiment" in frame:  # the preset a run was made by says its recipe (RECIPE_OF)
+        frame["recipe"] = frame.experiment.map(lambda e: RECIPE_OF.get(e, e) if isinstance(e, str) else "")
+    present = [m for m in (*CELL_MEASURES, "eval_loss@0") if m in frame]
     long = frame.melt(id_vars=[*KEY, "task", "status", "date"], value_vars=present, var_name="measure",
                       value_name="value").dropna(subset=["value"])
     return _typed(long[RECORD_COLUMNS])
@@ -303,6 +317,7 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("Int64")
     # A decoder as deep as the encoder is the default: named only where it differs (admin_clinic's 1).
     frame["decoder_depth"] = frame.decoder_depth.mask(frame.decoder_depth == frame.depth)
+    frame["setting"] = frame.setting.astype(object).where(frame.setting.notna(), "").astype(str).map(normal_setting)
     frame["setting"] = frame.setting.astype(object).where(frame.setting.notna(), "").astype(str)
     frame["scale"] = frame.scale.astype(object).where(frame.scale.notna(), "default").astype(str)
     frame["value"] = pd.to_numeric(frame.value, errors="coerce")
@@ -368,10 +383,16 @@ def with_outcome(frame: pd.DataFrame) -> pd.DataFrame:
     for column in ("unigram_eval_loss", "position_only_eval_loss"):
         by_task = frame.groupby("task")[column].median()
         frame[column] = frame[column].fillna(frame.task.map(by_task))
-    reference = np.where(frame.task == "lm", frame.unigram_eval_loss, frame.position_only_eval_loss)
-    beats = frame.final_eval_loss < reference - TRAINED_MARGIN
+    diverged = frame.status == "diverged"
     translation = frame.task.isin(TRANSLATION_TASKS) | (frame.task.isna() & frame.test_bleu.notna())
-    trained = np.where(translation, frame.test_bleu >= TRAINED_BLEU, beats)
-    frame["trained"] = np.where(frame.status == "diverged", False, trained).astype(bool)
+    # A diverged run scores nothing: BLEU 0, and a final loss worse than any (its recorded one is
+    # the last eval before it blew up, which a mean must not take for a result).
+    frame.loc[diverged & translation, "test_bleu"] = 0.0
+    frame.loc[diverged, "final_eval_loss"] = np.inf
+    reference = pd.Series(np.where(frame.task == "lm", frame.unigram_eval_loss, frame.position_only_eval_loss),
+                          index=frame.index, dtype=float)
+    beats = (frame.final_eval_loss < reference - TRAINED_MARGIN).astype(float).where(reference.notna())
+    trained = beats.where(~translation, (frame.test_bleu >= TRAINED_BLEU).astype(float).where(frame.test_bleu.notna()))
+    frame["trained"] = trained.where(~diverged, 0.0)  # 1 trained, 0 not, NaN: no reference to tell
     return frame
 

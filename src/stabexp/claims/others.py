@@ -7,14 +7,17 @@ changed since says so in `revised`.
 
 from __future__ import annotations
 
-from stabexp.claims.registry import DOES_NOT_HOLD, HOLDS, PARTLY, Cells, Claim, Evidence, every, mean, spread
-from stabexp.claims.rules import grid, lr_sensitivities, parse, with_setting, without
+from stabexp.claims.registry import (DOES_NOT_HOLD, HOLDS, PARTLY, Cells, Claim, Evidence, compare, every, mean,
+                                     spread)
+from stabexp.claims.rules import grid, lr_sensitivities, parse, value_as_hydra_writes, with_setting, without
 
 SMD_SETTINGS = grid(**{"optim": ["sgd", "sgdm", "adamw"], "train.lr": ["0.1", "0.2"],
                        "optim.weight_decay": ["0.01", "0.02"]})
 LRS = ["3e-4", "1e-3", "3e-3", "1e-2", "3e-2", "1e-1", "3e-1"]
 WORTSMAN = grid(**{"model.qk_norm": ["false", "true"], "train.z_loss": ["0", "1e-4"], "train.lr": LRS})
 LR_ONLY = grid(**{"train.lr": LRS})
+# What an lr sweep's judgement reads of each run (a diverged run's final loss counts as the worst).
+LR_MEASURES = ("final_eval_loss", "eval_loss@0", "final_max_attn_logit", "final_log_z_mean")
 MUON = grid(**{"train.qk_clip_tau": ["0", "100"], "train.lr": LRS})
 
 
@@ -22,7 +25,7 @@ def _smd(ev: Evidence):
     """Per run, the measured equilibrium angular update of the scale-invariant weights over the
     theory's (analysis.smd_equilibrium). Holds when every run is within 10% of the theory; partly
     when every run is within 25%; otherwise it does not hold."""
-    runs = ev.runs(recipe="smd", setting=SMD_SETTINGS)
+    runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
     ratio = runs.smd_angular_ratio
     by_optim = {o: with_setting(runs, "optim", o).smd_angular_ratio for o in ("sgd", "sgdm", "adamw")}
     worst = float((ratio - 1).abs().max())
@@ -39,16 +42,17 @@ def _qk_layernorm(ev: Evidence):
     without, and the largest attention logit at the end of the lr 0.3 run. Holds when, in every
     seed, qk-layernorm lowers the sensitivity and keeps the logit below a tenth of its value without;
     partly when one of the two holds in every seed; otherwise it does not hold."""
-    runs = ev.runs(recipe="lr_sensitivity", setting=WORTSMAN)
+    runs = ev.runs(recipe="lr_sensitivity", depth=4, setting=WORTSMAN)
     runs = with_setting(runs, "train.z_loss", "0")
     sens = lr_sensitivities(runs).assign(qk=lambda f: f.rest.map(lambda s: parse(s)["model.qk_norm"]))
     per = sens.pivot_table(index="seed", columns="qk", values="sensitivity")
     top = _highest_lr(runs).assign(qk=lambda f: f.setting.map(lambda s: parse(s)["model.qk_norm"]))
     logit = top.pivot_table(index="seed", columns="qk", values="final_max_attn_logit")
-    lower = every(per["true"] < per["false"])
-    held = every(logit["true"] < 0.1 * logit["false"])
-    measured = (f"LR sensitivity {spread(per['false'])} → {spread(per['true'])}; largest logit at lr 0.3 "
-                f"{spread(logit['false'])} → {spread(logit['true'])}")
+    on, off = value_as_hydra_writes("true"), value_as_hydra_writes("false")
+    lower = every(compare(per[on], per[off], lambda a, b: a < b))
+    held = every(compare(logit[on], logit[off], lambda a, b: a < 0.1 * b))
+    measured = (f"LR sensitivity {spread(per[off])} → {spread(per[on])}; largest logit at lr 0.3 "
+                f"{spread(logit[off])} → {spread(logit[on])}")
     return (HOLDS if lower and held else PARTLY if lower or held else DOES_NOT_HOLD), measured
 
 
@@ -57,7 +61,7 @@ def _z_loss(ev: Evidence):
     the lr 0.3 run and the LR sensitivity. Holds when, in every seed and setting, z-loss brings |log Z|
     to at most half its value without and lowers the LR sensitivity; partly when one of the two holds
     everywhere; otherwise it does not hold."""
-    runs = ev.runs(recipe="lr_sensitivity", setting=WORTSMAN)
+    runs = ev.runs(recipe="lr_sensitivity", depth=4, setting=WORTSMAN)
     sens = lr_sensitivities(runs).assign(z=lambda f: f.rest.map(lambda s: parse(s)["train.z_loss"]),
                                          qk=lambda f: f.rest.map(lambda s: parse(s)["model.qk_norm"]))
     per = sens.pivot_table(index=["seed", "qk"], columns="z", values="sensitivity")
@@ -65,10 +69,11 @@ def _z_loss(ev: Evidence):
     top = top.assign(z=top.setting.map(lambda s: parse(s)["train.z_loss"]),
                      qk=top.setting.map(lambda s: parse(s)["model.qk_norm"]))
     logz = top.pivot_table(index=["seed", "qk"], columns="z", values="final_log_z_mean").abs()
-    smaller = every(logz["1e-4"] <= 0.5 * logz["0"])
-    lower = every(per["1e-4"] < per["0"])
-    measured = (f"|log Z| at lr 0.3 {spread(logz['0'])} → {spread(logz['1e-4'])}; LR sensitivity "
-                f"{spread(per['0'])} → {spread(per['1e-4'])}")
+    z = value_as_hydra_writes("1e-4")
+    smaller = every(compare(logz[z], logz["0"], lambda a, b: a <= 0.5 * b))
+    lower = every(compare(per[z], per["0"], lambda a, b: a < b))
+    measured = (f"|log Z| at lr 0.3 {spread(logz['0'])} → {spread(logz[z])}; LR sensitivity "
+                f"{spread(per['0'])} → {spread(per[z])}")
     return (HOLDS if smaller and lower else PARTLY if smaller or lower else DOES_NOT_HOLD), measured
 
 
@@ -76,9 +81,9 @@ def _peri_ln(ev: Evidence):
     """Per seed, LR sensitivity over the seven lrs of Peri-LN against Pre-LN. Holds when Peri-LN's
     is lower in every seed and its mean at most half Pre-LN's mean; partly when it is lower in
     every seed; otherwise it does not hold."""
-    sens = lr_sensitivities(ev.runs(recipe="lr_sensitivity_2025", setting=LR_ONLY))
+    sens = lr_sensitivities(ev.runs(recipe="lr_sensitivity_2025", depth=4, setting=LR_ONLY))
     per = sens.pivot_table(index="seed", columns="group", values="sensitivity")
-    lower = every(per["peri_ln"] < per["preln"])
+    lower = every(compare(per["peri_ln"], per["preln"], lambda a, b: a < b))
     measured = f"LR sensitivity Pre-LN {spread(per['preln'])}, Peri-LN {spread(per['peri_ln'])}"
     return (HOLDS if lower and mean(per["peri_ln"]) <= 0.5 * mean(per["preln"]) else PARTLY if lower
             else DOES_NOT_HOLD), measured
@@ -88,7 +93,7 @@ def _dyt(ev: Evidence):
     """Per seed, the best final eval loss over the seven lrs of DyT against Pre-LN's (DyT is to
     match the norm it replaces). Holds when DyT's is within 0.05 nats of Pre-LN's in every seed;
     partly when within 0.2; otherwise it does not hold."""
-    runs = ev.runs(recipe="lr_sensitivity_2025", group=["preln", "dyt"], setting=LR_ONLY)
+    runs = ev.runs(recipe="lr_sensitivity_2025", group=["preln", "dyt"], depth=4, setting=LR_ONLY)
     best = runs.loc[runs.status == "completed"].pivot_table(index="seed", columns="group", values="final_eval_loss", aggfunc="min")
     gap = best["dyt"] - best["preln"]
     measured = f"best loss Pre-LN {spread(best['preln'])}, DyT {spread(best['dyt'])}"
@@ -102,7 +107,8 @@ def _peri_stream(ev: Evidence):
     peri = ev.value("stream_growth", recipe="lm_depth", group="peri_ln", depth=100)
     pre = ev.value("stream_growth", recipe="lm_depth", group="preln", depth=100)
     measured = f"stream growth over 100 layers: Pre-LN ×{spread(pre, 2)}, Peri-LN ×{spread(peri, 2)}"
-    return (HOLDS if every(peri <= 2) else PARTLY if every((peri < pre).reindex(peri.index)) else DOES_NOT_HOLD), measured
+    below = every(compare(peri, pre, lambda a, b: a < b))
+    return (HOLDS if every(peri <= 2) else PARTLY if below else DOES_NOT_HOLD), measured
 
 
 def _curse(ev: Evidence):
@@ -113,7 +119,7 @@ def _curse(ev: Evidence):
     pre = ev.value("cheap_layer_share", recipe="lm_depth", group="preln", depth=100)
     scaled = ev.value("cheap_layer_share", recipe="lm_depth", group="layernorm_scaled", depth=100)
     curse = every(pre >= 0.5)
-    fixed = every((scaled <= pre - 0.1).reindex(scaled.index))
+    fixed = every(compare(scaled, pre, lambda a, b: a <= b - 0.1))
     measured = f"cheap layers: Pre-LN {spread(pre, 2)}, LayerNorm Scaling {spread(scaled, 2)}"
     return (HOLDS if curse and fixed else PARTLY if curse else DOES_NOT_HOLD), measured
 
@@ -123,7 +129,7 @@ def _qk_clip(ev: Evidence):
     seed and at every lr, the largest attention logit at the end is at most 1.5 τ with QK-Clip, and
     the mean final loss over seeds at every lr is no more than 0.05 nats above the one without;
     partly when the logits are held but the loss is worse; otherwise it does not hold."""
-    runs = ev.runs(recipe="lr_sensitivity_muon", setting=MUON)
+    runs = ev.runs(recipe="lr_sensitivity_muon", depth=4, setting=MUON)
     runs = runs.assign(lr=runs.setting.map(lambda s: without(s, "train.qk_clip_tau")))
     clipped, free = with_setting(runs, "train.qk_clip_tau", "100"), with_setting(runs, "train.qk_clip_tau", "0")
     held = every(clipped.final_max_attn_logit <= 150)
@@ -152,47 +158,49 @@ CLAIMS = [
           "A scale-invariant weight's angular update settles at √(2ηλ) under SGD, and at the SGDM and AdamW forms",
           "the formulas", "NormMLP on the teacher task, 6000 steps, 12 (optimiser, lr, λ) settings",
           "stabexp run experiment=smd seed=0,1,2",
-          (Cells("smd", ("postln_warmup",), seeds=3, settings=tuple(SMD_SETTINGS)),), _smd,
+          (Cells("smd", ("postln_warmup",), (3,), settings=tuple(SMD_SETTINGS), measures=("smd_angular_ratio",)),), _smd,
           "9-equilibrium-angular-update-spherical-motion-dynamics"),
     Claim("wortsman-qk-layernorm", "Wortsman et al. 2023",
           "qk-layernorm stops attention-logit growth and lowers LR sensitivity",
           "qualitative", LM_SWEEP, "stabexp run experiment=lr_sensitivity seed=0,1,2",
-          (Cells("lr_sensitivity", ("preln",), settings=tuple(WORTSMAN)),), _qk_layernorm,
+          (Cells("lr_sensitivity", ("preln",), (4,), settings=tuple(WORTSMAN), measures=LR_MEASURES),), _qk_layernorm,
           "12-attention-logit-growth-qk-layernorm-and-z-loss-wortsman-et-al-2023"),
     Claim("wortsman-z-loss", "Wortsman et al. 2023",
           "z-loss stops the output logits' divergence (log Z drifting) and lowers LR sensitivity",
           "qualitative", LM_SWEEP, "stabexp run experiment=lr_sensitivity seed=0,1,2",
-          (Cells("lr_sensitivity", ("preln",), settings=tuple(WORTSMAN)),), _z_loss,
+          (Cells("lr_sensitivity", ("preln",), (4,), settings=tuple(WORTSMAN), measures=LR_MEASURES),), _z_loss,
           "12-attention-logit-growth-qk-layernorm-and-z-loss-wortsman-et-al-2023"),
     Claim("peri-ln-lr", "Peri-LN (Kim et al. 2025)",
           "Peri-LN is less sensitive to the learning rate than Pre-LN",
           "qualitative", LM_SWEEP + ", Pre-LN, Peri-LN, DyT", "stabexp run experiment=lr_sensitivity_2025",
-          (Cells("lr_sensitivity_2025", ("preln", "peri_ln"), settings=tuple(LR_ONLY)),), _peri_ln,
+          (Cells("lr_sensitivity_2025", ("preln", "peri_ln"), (4,), settings=tuple(LR_ONLY),
+                 measures=("final_eval_loss", "eval_loss@0")),), _peri_ln,
           "26-lr-sensitivity-of-peri-ln-and-dyt-kim-et-al-2025-zhu-et-al-2025"),
     Claim("peri-ln-stream", "Peri-LN (Kim et al. 2025)",
           "Peri-LN keeps the hidden state's norm bounded where Pre-LN's grows with depth",
           "qualitative", LM + ", 100 layers", "stabexp run experiment=curse_of_depth group=preln,peri_ln depth=100 seed=0,1,2",
-          (Cells("lm_depth", ("preln", "peri_ln"), (100,)),), _peri_stream,
+          (Cells("lm_depth", ("preln", "peri_ln"), (100,), measures=("stream_growth",)),), _peri_stream,
           "25-the-curse-of-depth-which-layers-matter-and-the-streams-norm-2024-2025-placements"),
     Claim("dyt-matches", "DyT (Zhu et al. 2025)",
           "DyT matches the LayerNorm it replaces",
           "qualitative", LM_SWEEP + ", Pre-LN, Peri-LN, DyT", "stabexp run experiment=lr_sensitivity_2025",
-          (Cells("lr_sensitivity_2025", ("preln", "dyt"), settings=tuple(LR_ONLY)),), _dyt,
+          (Cells("lr_sensitivity_2025", ("preln", "dyt"), (4,), settings=tuple(LR_ONLY), measures=("final_eval_loss",)),), _dyt,
           "26-lr-sensitivity-of-peri-ln-and-dyt-kim-et-al-2025-zhu-et-al-2025"),
     Claim("curse-of-depth", "The Curse of Depth (Sun et al. 2025)",
           "Pre-LN's deep layers barely matter; LayerNorm Scaling makes them matter",
           "qualitative", LM + ", 100 layers", "stabexp run experiment=curse_of_depth group=preln,layernorm_scaled depth=100 seed=0,1,2",
-          (Cells("lm_depth", ("preln", "layernorm_scaled"), (100,)),), _curse,
+          (Cells("lm_depth", ("preln", "layernorm_scaled"), (100,), measures=("cheap_layer_share",)),), _curse,
           "25-the-curse-of-depth-which-layers-matter-and-the-streams-norm-2024-2025-placements"),
     Claim("qk-clip", "Kimi K2's MuonClip",
           "QK-Clip holds Muon's attention logits at τ without hurting the loss",
           "qualitative", LM_SWEEP.replace("AdamW", "Muon"), "stabexp run experiment=lr_sensitivity_muon",
-          (Cells("lr_sensitivity_muon", ("preln",), settings=tuple(MUON)),), _qk_clip,
+          (Cells("lr_sensitivity_muon", ("preln",), (4,), settings=tuple(MUON), measures=("final_eval_loss", "final_max_attn_logit")),), _qk_clip,
           "27-qk-clip-holds-the-attention-logits-with-muon-kimi-k2s-muonclip"),
     Claim("reversal-plateau", "This project's finding",
           "On the reversal task DeepNorm's plateau is the source-counts rule, at every depth",
           "—", "tiny 64-128-2 model, reversal task, 6L-100L, 300 steps",
           "stabexp run experiment=depth_table task=reverse group=deepnorm seed=0,1,2",
-          (Cells("depth_table", ("deepnorm",), (6, 18, 50, 100), settings=("task=reverse",)),), _reversal,
+          (Cells("depth_table", ("deepnorm",), (6, 18, 50, 100), settings=("task=reverse",),
+                 measures=("final_eval_loss", "source_counts_eval_loss")),), _reversal,
           "13-why-deepnorm-stalls-on-the-reversal-task"),
 ]

@@ -29,13 +29,16 @@ FINISHED = ("completed", "diverged")
 @dataclass(frozen=True)
 class Cells:
     """Runs a claim needs: every group at every depth (and every one of `settings`) of one recipe,
-    `seeds` seeds each, finished (completed or diverged). `depths` empty: the recipe has one depth;
-    `settings` empty: the runs with no setting of their own."""
+    `seeds` seeds each, finished (completed or diverged) and holding every one of `measures` (a
+    run that lacks one, say a recorded cell without the probe's summary, does not count).
+    `depths` empty: any depth; `settings`: the runs' settings as analysis.setting writes them
+    ("": none of their own)."""
     recipe: str
     groups: Tuple[str, ...]
     depths: Tuple[int, ...] = ()
     seeds: int = 3
     settings: Tuple[str, ...] = ("",)
+    measures: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,13 @@ class Evidence:
         return f
 
     def value(self, measure: str, **where) -> pd.Series:
-        """The measure per seed (NaN where a run lacks it) of the runs matching `where`."""
+        """The measure per seed (NaN where a run lacks it) of the runs matching `where`, which must
+        name one run per seed."""
         runs = self.runs(**where)
         if measure not in runs:
             return pd.Series(dtype=float)
+        if runs.seed.duplicated().any():
+            raise ValueError(f"two runs of one seed match {where}: name the depth or setting that tells them apart")
         return runs.set_index("seed")[measure].astype(float).sort_index()
 
 
@@ -104,6 +110,8 @@ def seeds_found(evidence: Evidence, cells: Cells) -> Dict[Tuple[str, Optional[in
         for depth in cells.depths or (None,):
             for setting in cells.settings:
                 runs = evidence.runs(recipe=cells.recipe, group=group, depth=depth, setting=setting)
+                for measure in cells.measures:
+                    runs = runs[runs[measure].notna()] if measure in runs else runs.iloc[0:0]
                 found[(group, depth, setting)] = runs.seed.nunique() if not runs.empty else 0
     return found
 
@@ -121,11 +129,12 @@ def missing_cells(evidence: Evidence, needs: Sequence[Cells]) -> List[str]:
         for where, lacking in short.items():
             if len(cells.settings) > 1:
                 fewest = min(n for _, n in lacking)
-                out.append(f"{cells.recipe}: {where}, {len(lacking)} of {len(cells.settings)} settings "
+                out.append(f"{cells.recipe or 'runs without a preset'}: {where}, {len(lacking)} of {len(cells.settings)} settings "
                            f"short of {cells.seeds} seeds (fewest {fewest})")
             else:
                 setting, n = lacking[0]
-                out.append(f"{cells.recipe}{' ' + setting if setting else ''}: {where}, {n} of {cells.seeds} seeds")
+                recipe = cells.recipe or "runs without a preset"
+                out.append(f"{recipe}{' ' + setting if setting else ''}: {where}, {n} of {cells.seeds} seeds")
     return out
 
 
@@ -144,16 +153,36 @@ def evaluate(claim: Claim, evidence: Evidence) -> Result:
             if not missing:
                 raise
             verdict, measured = None, "-"  # too few runs for the criterion's reading yet
+    read = runs_read(mine, claim.needs)
     if missing:
         verdict = NOT_RUN_PAPER if claim.paper_scale_only else NOT_RUN
-        if measured != "-":
+        if not read:
+            measured = "-"
+        elif measured != "-":
             measured = f"so far: {measured}"
     if verdict not in VERDICTS:
         raise ValueError(f"claim {claim.id}: criterion returned {verdict!r}, not one of {VERDICTS}")
-    return Result(claim, verdict, measured, len(mine.frame), missing)
+    return Result(claim, verdict, measured, read, missing)
+
+
+def runs_read(evidence: Evidence, needs: Sequence[Cells]) -> int:
+    """How many finished runs the claim's cells hold."""
+    found = set()
+    for cells in needs:
+        runs = evidence.runs(recipe=cells.recipe, group=list(cells.groups), depth=list(cells.depths) or None,
+                             setting=list(cells.settings))
+        found |= set(zip(runs.recipe, runs.group, runs.depth.astype(str), runs.seed, runs.setting))
+    return len(found)
 
 
 # --- what criteria share ------------------------------------------------------------------
+
+def compare(a: pd.Series, b: pd.Series, op) -> pd.Series:
+    """op(a, b) seed by seed over the seeds either has; False where one lacks the seed or is NaN."""
+    a, b = a.align(b, join="outer")
+    return pd.Series([bool(op(x, y)) if x == x and y == y else False for x, y in zip(a, b)], index=a.index,
+                     dtype=object)
+
 
 def every(values) -> bool:
     """True when there is at least one value and every one is true (NaN is not)."""

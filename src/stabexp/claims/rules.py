@@ -16,13 +16,13 @@ from stabexp.claims.registry import Evidence, every, mean
 
 def outcome(ev: Evidence, recipe: str, group: str, depth=None, setting: Optional[str] = "") -> str:
     """"trains" when every seed's run trained (measures.with_outcome), "fails" when none did,
-    "mixed" otherwise, "-" without runs."""
+    "mixed" otherwise, "-" without runs or without the reference that tells."""
     runs = ev.runs(recipe=recipe, group=group, depth=depth, setting=setting)
-    if runs.empty:
-        return "-"
-    if runs.trained.all():
+    if runs.empty or runs.trained.isna().any():
+        return "-"  # no runs, or no reference loss to judge one by
+    if (runs.trained == 1).all():
         return "trains"
-    return "fails" if not runs.trained.any() else "mixed"
+    return "fails" if (runs.trained == 0).all() else "mixed"
 
 
 def best_within_noise(ev: Evidence, recipe: str, depth, group: str, measure: str, higher_is_better: bool,
@@ -41,11 +41,31 @@ def best_within_noise(ev: Evidence, recipe: str, depth, group: str, measure: str
     return {"best": not beaten_by, "rank": rank, "of": len(stats), "beaten_by": beaten_by}
 
 
+def value_as_hydra_writes(value: str) -> str:
+    """A sweep value as Hydra records it in a run's overrides: a float or a bool in Python's own
+    spelling (3e-4 -> 0.0003, false -> False), anything else as written."""
+    text = str(value)
+    if text.lower() in ("true", "false"):
+        return text.capitalize()
+    if any(c in text.lower() for c in ".e") and not text.startswith("["):
+        try:
+            return str(float(text))
+        except ValueError:
+            pass
+    return text
+
+
+def normal_setting(setting: str) -> str:
+    """A setting with every value as Hydra writes it, its parts sorted."""
+    parts = [p.split("=", 1) for p in str(setting).split() if "=" in p]
+    return " ".join(sorted(f"{k}={value_as_hydra_writes(v)}" for k, v in parts))
+
+
 def grid(**axes: Iterable) -> list:
-    """The settings of a sweep over `axes` ({key: values}), each as analysis.setting writes it:
-    its overrides sorted and joined by spaces."""
+    """The settings of a sweep over `axes` ({key: values}), each as analysis.setting writes it
+    from Hydra's record: its overrides sorted and joined by spaces, floats in Python's spelling."""
     keys = list(axes)
-    return [" ".join(sorted(f"{k}={v}" for k, v in zip(keys, values)))
+    return [normal_setting(" ".join(f"{k}={v}" for k, v in zip(keys, values)))
             for values in itertools.product(*(axes[k] for k in keys))]
 
 
@@ -55,6 +75,7 @@ def parse(setting: str) -> Dict[str, str]:
 
 def with_setting(runs: pd.DataFrame, key: str, value: str) -> pd.DataFrame:
     """The runs whose setting has key=value (exactly as the sweep wrote it)."""
+    value = value_as_hydra_writes(value)
     mask = runs.setting.map(lambda s: parse(s).get(key) == value).astype(bool)
     return runs.loc[mask]
 
@@ -91,7 +112,8 @@ def growth(ev: Evidence, recipe: str, group: str, measure: str, depths: Sequence
     """Per seed: the measure at the deepest of `depths` over that at the shallowest."""
     deep = ev.value(measure, recipe=recipe, group=group, depth=max(depths), setting=setting)
     shallow = ev.value(measure, recipe=recipe, group=group, depth=min(depths), setting=setting)
-    return (deep / shallow).dropna()
+    deep, shallow = deep.align(shallow, join="outer")
+    return deep / shallow  # NaN where a seed lacks one end: it fails every()
 
 
 __all__ = ["outcome", "best_within_noise", "grid", "parse", "with_setting", "without", "lr_sensitivities", "log_slope_per_seed",
