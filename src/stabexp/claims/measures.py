@@ -28,7 +28,7 @@ import pandas as pd
 
 from stabexp.analysis import (encoder_input_change, final_max_logit, last_w2_grad, least_squares,
                               linear_and_log_fits, output_gradients, setting, smd_equilibrium, update_bound_steps)
-from stabexp.claims.rules import normal_setting
+from stabexp.claims.registry import normal_setting
 from stabexp.plotting.collect import collect
 
 KEY = ["recipe", "scale", "group", "depth", "decoder_depth", "seed", "setting"]
@@ -358,6 +358,8 @@ def wide(records: pd.DataFrame) -> pd.DataFrame:
     """One row per run: KEY, task, status, date, a column per measure, and `trained`."""
     if records.empty:
         return pd.DataFrame(columns=[*KEY, "task", "status", "date", "trained"])
+    records = records.assign(setting=records.setting.astype(object).where(records.setting.notna(), "")
+                             .astype(str).map(normal_setting))
     records = records.assign(_key=run_keys(records))
     ids = records.drop_duplicates("_key")[["_key", *KEY, "task", "status", "date"]]
     values = records.pivot_table(index="_key", columns="measure", values="value", aggfunc="first")

@@ -76,6 +76,26 @@ class Result:
                 "revised": c.revised}
 
 
+def value_as_hydra_writes(value: str) -> str:
+    """A sweep value as Hydra records it in a run's overrides: a float or a bool in Python's own
+    spelling (3e-4 -> 0.0003, false -> False), anything else as written."""
+    text = str(value)
+    if text.lower() in ("true", "false"):
+        return text.capitalize()
+    if any(c in text.lower() for c in ".e") and not text.startswith("["):
+        try:
+            return str(float(text))
+        except ValueError:
+            pass
+    return text
+
+
+def normal_setting(setting: str) -> str:
+    """A setting with every value as Hydra writes it, its parts sorted."""
+    parts = [p.split("=", 1) for p in str(setting).split() if "=" in p]
+    return " ".join(sorted(f"{k}={value_as_hydra_writes(v)}" for k, v in parts))
+
+
 class Evidence:
     """The finished runs of a claim's recipes, one row per run: key columns (recipe, scale, group,
     depth, decoder_depth, seed, setting), task, status, and one column per measure."""
@@ -87,6 +107,8 @@ class Evidence:
         f = self.frame
         if f.empty:
             return f
+        if setting is not None:  # as Hydra spells a run's overrides (measures.py keeps them so)
+            setting = [normal_setting(x) for x in setting] if isinstance(setting, (list, tuple, set)) else normal_setting(setting)
         for key, value in (("recipe", recipe), ("group", group), ("depth", depth), ("setting", setting), *where.items()):
             if value is None:
                 continue

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from stabexp.analysis import least_squares, lr_sensitivity
-from stabexp.claims.registry import Evidence, every, mean
+from stabexp.claims.registry import Evidence, every, mean, normal_setting, value_as_hydra_writes
 
 
 def outcome(ev: Evidence, recipe: str, group: str, depth=None, setting: Optional[str] = "") -> str:
@@ -39,26 +39,6 @@ def best_within_noise(ev: Evidence, recipe: str, depth, group: str, measure: str
                  and sign * (s["mean"] - mine["mean"]) > max(s["std"], mine["std"])]
     rank = int((sign * stats["mean"] > sign * mine["mean"]).sum()) + 1
     return {"best": not beaten_by, "rank": rank, "of": len(stats), "beaten_by": beaten_by}
-
-
-def value_as_hydra_writes(value: str) -> str:
-    """A sweep value as Hydra records it in a run's overrides: a float or a bool in Python's own
-    spelling (3e-4 -> 0.0003, false -> False), anything else as written."""
-    text = str(value)
-    if text.lower() in ("true", "false"):
-        return text.capitalize()
-    if any(c in text.lower() for c in ".e") and not text.startswith("["):
-        try:
-            return str(float(text))
-        except ValueError:
-            pass
-    return text
-
-
-def normal_setting(setting: str) -> str:
-    """A setting with every value as Hydra writes it, its parts sorted."""
-    parts = [p.split("=", 1) for p in str(setting).split() if "=" in p]
-    return " ".join(sorted(f"{k}={value_as_hydra_writes(v)}" for k, v in parts))
 
 
 def grid(**axes: Iterable) -> list:
