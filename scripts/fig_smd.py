@@ -10,7 +10,7 @@ import sys
 import matplotlib.pyplot as plt
 import numpy as np
 
-from stabexp.analysis import smd_equilibrium
+from stabexp.analysis import is_scale_invariant, smd_equilibrium
 from stabexp.plotting.figures import FIGSIZE_PER_PANEL, figure_main
 
 EXPERIMENT = "smd"
@@ -29,7 +29,7 @@ def draw(tables):
     cmap = plt.get_cmap("viridis")
     pairs = sorted(set(zip(runs.lr, runs.weight_decay)))
     colour = {p: cmap(i / max(len(pairs) - 1, 1) * 0.85) for i, p in enumerate(pairs)}
-    invariant = layers[layers.scale_invariant.astype(str) == "True"]
+    invariant = layers[is_scale_invariant(layers)]
     for col, optim in enumerate(optimisers):
         top, bottom = axes[0][col], axes[1][col]
         for _, run in runs[runs.optim == optim].sort_values(["lr", "weight_decay"]).iterrows():

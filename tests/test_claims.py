@@ -474,7 +474,7 @@ def test_smd_flips_at_ten_and_twenty_five_percent():
         out = []
         for i, s in enumerate(others.SMD_SETTINGS):
             out += [dict(r, setting=s, task="teacher") for r in
-                    seeds("smd", "postln_warmup", 3, smd_angular_ratio=worst if i == 5 else 1.01)]
+                    seeds("smd", "normmlp", 3, smd_angular_ratio=worst if i == 5 else 1.01)]
         return out
     assert verdict("smd-equilibrium", rows(1.09)) == HOLDS
     assert verdict("smd-equilibrium", rows(0.89)) == PARTLY
@@ -651,6 +651,9 @@ def test_the_fold_is_measured_on_a_run_that_kept_its_weights(tmp_path, make_cfg)
     values = records.set_index("measure").value
     assert values["fold_logit_error"] <= 1e-4 and values["fold_input_scale"] in (0.0, 1.0)
     assert set(records.recipe) == {""}
+    table = tmp_path / "evidence.csv"
+    write_recorded(table, records)
+    assert set(read_recorded(table).recipe) == {""}  # a run without a preset reads back as one
 
 
 def test_a_table_that_holds_no_runs_is_one_line(tmp_path, capsys):
@@ -717,3 +720,12 @@ def test_a_run_folder_beats_a_recorded_table_which_beats_a_cells_table(tmp_path)
     pd.DataFrame(run("lm_depth", "deepnorm", 100, task="lm", final_eval_loss=4.0), columns=RECORD_COLUMNS).to_csv(recorded, index=False)
     found = claims.records([tmp_path])
     assert list(found[found.measure == "final_eval_loss"].value) == [4.0]
+
+
+def test_scale_invariance_reads_the_same_once_collected_beside_other_runs():
+    from stabexp.analysis import is_scale_invariant
+
+    alone = pd.DataFrame({"scale_invariant": [True, False]})
+    collected = pd.DataFrame({"scale_invariant": [1.0, 0.0, np.nan]})
+    assert list(is_scale_invariant(alone)) == [True, False]
+    assert list(is_scale_invariant(collected)) == [True, False, False]

@@ -134,6 +134,12 @@ def time_to_equilibrium(steps, values, equilibrium: float, tolerance: float = 0.
     return float(inside[inside].index[0]) if inside.any() else float("nan")
 
 
+def is_scale_invariant(layers: pd.DataFrame) -> pd.Series:
+    """The weight rows flagged scale-invariant: True/False as one sweep's layers.csv reads back,
+    1.0/0.0 once collected beside runs without the column."""
+    return layers.scale_invariant.map(lambda v: str(v) in ("True", "1.0", "1")).astype(bool)
+
+
 def smd_equilibrium(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     """One row per run with a predicted equilibrium: the measured equilibrium angular update of
     its scale-invariant weights (mean over weights and over the window) against the theory, the
@@ -148,8 +154,8 @@ def smd_equilibrium(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
         rows = weights[weights.run == run.run]
         if rows.empty:
             continue
-        invariant = rows[rows.scale_invariant.astype(str) == "True"]
-        other = rows[rows.scale_invariant.astype(str) != "True"]
+        flag = is_scale_invariant(rows)
+        invariant, other = rows[flag], rows[~flag]
         start = smd_window_start(run.theory_time_constant, run.steps_done)
         in_window = invariant[invariant.step >= start]
         measured = in_window.angular_update.mean()

@@ -320,6 +320,7 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     frame["setting"] = frame.setting.astype(object).where(frame.setting.notna(), "").astype(str).map(normal_setting)
     frame["setting"] = frame.setting.astype(object).where(frame.setting.notna(), "").astype(str)
     frame["scale"] = frame.scale.astype(object).where(frame.scale.notna(), "default").astype(str)
+    frame["recipe"] = frame.recipe.astype(object).where(frame.recipe.notna(), "").astype(str)  # "": no preset
     frame["value"] = pd.to_numeric(frame.value, errors="coerce")
     return frame
 

@@ -158,7 +158,7 @@ CLAIMS = [
           "A scale-invariant weight's angular update settles at √(2ηλ) under SGD, and at the SGDM and AdamW forms",
           "the formulas", "NormMLP on the teacher task, 6000 steps, 12 (optimiser, lr, λ) settings",
           "stabexp run experiment=smd seed=0,1,2",
-          (Cells("smd", ("postln_warmup",), (3,), settings=tuple(SMD_SETTINGS), measures=("smd_angular_ratio",)),), _smd,
+          (Cells("smd", ("normmlp",), (3,), settings=tuple(SMD_SETTINGS), measures=("smd_angular_ratio",)),), _smd,
           "9-equilibrium-angular-update-spherical-motion-dynamics"),
     Claim("wortsman-qk-layernorm", "Wortsman et al. 2023",
           "qk-layernorm stops attention-logit growth and lowers LR sensitivity",
