@@ -10,7 +10,8 @@ from stabexp import paper
 from stabexp.analysis import linear_and_log_fits
 import operator
 
-from stabexp.claims.registry import DOES_NOT_HOLD, HOLDS, PARTLY, Cells, Claim, Evidence, compare, every, mean, spread
+from stabexp.claims.registry import (DOES_NOT_HOLD, HOLDS, PARTLY, Cells, Claim, Evidence, compare, every, mean,
+                                     over_seeds)
 from stabexp.claims.rules import grid, log_slope_per_seed, outcome
 
 OUTPUT_CHANGE_DEPTHS = (6, 12, 18, 25, 50, 100)
@@ -37,7 +38,7 @@ def _theorem2(ev: Evidence):
         other = "log" if shape == "linear" else "linear"
         ok = every(f[shape]["r2"] >= 0.95 and f[shape]["r2"] > f[other]["r2"] for f in fits[group])
         follows += ok
-        parts.append(f"{group} {shape} R² {spread([f[shape]['r2'] for f in fits[group]])} ({other} "
+        parts.append(f"{group} {shape} R² {over_seeds([f[shape]['r2'] for f in fits[group]])} ({other} "
                      f"{mean([f[other]['r2'] for f in fits[group]]):.3f})")
     return (HOLDS if follows == 3 else PARTLY if follows else DOES_NOT_HOLD), "; ".join(parts)
 
@@ -54,7 +55,7 @@ def _clinic(ev: Evidence):
         mine, theirs = runs[f"clinic_{shape}_r2"], runs[f"clinic_{other}_r2"]
         ok = every((mine >= 0.95) & (mine > theirs))
         follows += ok
-        parts.append(f"{group} {shape} R² {spread(mine)}")
+        parts.append(f"{group} {shape} R² {over_seeds(mine)}")
     return (HOLDS if follows == 3 else PARTLY if follows else DOES_NOT_HOLD), "; ".join(parts)
 
 
@@ -67,7 +68,7 @@ def _w2_slopes(ev: Evidence):
               .set_index("seed").slope for g in ("postln", "preln")}
     order = every(compare(slopes["preln"], slopes["postln"], operator.lt))
     near = abs(mean(slopes["postln"])) <= 0.15 and abs(mean(slopes["preln"]) + 0.5) <= 0.15
-    measured = f"slope Post-LN {spread(slopes['postln'], 2)}, Pre-LN {spread(slopes['preln'], 2)}"
+    measured = f"slope Post-LN {over_seeds(slopes['postln'], 2)}, Pre-LN {over_seeds(slopes['preln'], 2)}"
     return (HOLDS if order and near else PARTLY if order else DOES_NOT_HOLD), measured
 
 
@@ -78,7 +79,7 @@ def _stream(ev: Evidence):
     hold."""
     r2 = ev.value("stream_sq_linear_r2", recipe="grad_at_init", group="preln", depth=100)
     rises = every(ev.value("stream_sq_slope", recipe="grad_at_init", group="preln", depth=100) > 0)
-    measured = f"R² {spread(r2)}" + ("" if rises else "; the line does not rise in every seed")
+    measured = f"R² {over_seeds(r2)}" + ("" if rises else "; the line does not rise in every seed")
     return (HOLDS if rises and every(r2 >= 0.95) else PARTLY if rises and every(r2 >= 0.8) else DOES_NOT_HOLD), measured
 
 
@@ -97,8 +98,8 @@ def _vanishing(ev: Evidence):
     keeps = runs[[c for c in ("decoder_keep_cross_attn", "decoder_keep_self_attn", "decoder_keep_ffn") if c in runs]]
     cross = every(keeps.idxmin(axis=1) == "decoder_keep_cross_attn")
     only = every(dec < 0.05) and every(enc >= 0.3) and every(pre >= 0.3)
-    measured = (f"decoder layer 1: Post-LN {spread(dec, 2)}, Pre-LN {spread(pre, 2)}; Post-LN encoder {spread(enc, 2)}; "
-                f"kept across a cross-attention {spread(runs.get('decoder_keep_cross_attn', []), 2)}")
+    measured = (f"decoder layer 1: Post-LN {over_seeds(dec, 2)}, Pre-LN {over_seeds(pre, 2)}; Post-LN encoder {over_seeds(enc, 2)}; "
+                f"kept across a cross-attention {over_seeds(runs.get('decoder_keep_cross_attn', []), 2)}")
     return (HOLDS if only and cross else PARTLY if only else DOES_NOT_HOLD), measured
 
 
@@ -116,8 +117,8 @@ def _hybrid(recipe, depth, measure, higher_is_better):
         h = ev.value(measure, recipe=recipe, group="hybrid_postln_preln", depth=depth)
         p = ev.value(measure, recipe=recipe, group="preln", depth=depth)
         worse = mean(h) <= 0.5 * mean(p) if higher_is_better else mean(h) >= 5 * mean(p)
-        measured = (f"hybrid {spread(h)} ({hybrid}) against Pre-LN {spread(p)}; its decoder's bottom gradient "
-                    f"at init {spread(grad, 2)}")
+        measured = (f"hybrid {over_seeds(h)} ({hybrid}) against Pre-LN {over_seeds(p)}; its decoder's bottom gradient "
+                    f"at init {over_seeds(grad, 2)}")
         if alive and hybrid == "fails" and preln == "trains":
             return HOLDS, measured
         return (PARTLY if alive and worse else DOES_NOT_HOLD), measured
@@ -139,7 +140,7 @@ def _dependency(ev: Evidence):
         return every(compare((admin - v[(near, when)]).abs(), (admin - v[(far, when)]).abs(), operator.lt))
     starts = nearer("init", "preln", "postln_warmup")
     ends = nearer("end", "postln_warmup", "preln")
-    measured = "; ".join(f"{g} β_ii {spread(v[(g, 'init')], 2)} → {spread(v[(g, 'end')], 2)}"
+    measured = "; ".join(f"{g} β_ii {over_seeds(v[(g, 'init')], 2)} → {over_seeds(v[(g, 'end')], 2)}"
                          for g in ("postln_warmup", "preln", "admin"))
     return (HOLDS if post_above and starts and ends else PARTLY if post_above and starts else DOES_NOT_HOLD), measured
 
@@ -177,7 +178,7 @@ def _rezero(ev: Evidence):
     means = runs.groupby("group").test_bleu.mean()
     ours = means[["rezero", "rezero_postln"]]
     others = means.drop(["rezero", "rezero_postln"])
-    measured = ", ".join(f"{g} {spread(ev.value('test_bleu', recipe='admin_rezero', group=g))}" for g in means.index)
+    measured = ", ".join(f"{g} {over_seeds(ev.value('test_bleu', recipe='admin_rezero', group=g))}" for g in means.index)
     if ours.max() < others.min() and others.max() - ours.min() <= 3:
         return HOLDS, measured
     return (PARTLY if ours.max() < others.max() else DOES_NOT_HOLD), measured

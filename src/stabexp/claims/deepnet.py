@@ -9,7 +9,7 @@ import operator
 
 from stabexp import paper
 from stabexp.claims.registry import (DOES_NOT_HOLD, HOLDS, PARTLY, Cells, Claim, Evidence, compare, every, mean,
-                                     spread)
+                                     over_seeds)
 from stabexp.claims.rules import best_within_noise, growth, log_slope_per_seed, outcome
 
 EARLY = ("postln", "postln_warmup", "postln_init")
@@ -22,6 +22,11 @@ FIG6_GROUPS = ("deepnorm", "admin", "postln", "preln", "ds_init", "rezero", "fix
 
 # --- Fig. 4: the first updates of an 18L-18L Post-LN ---------------------------------------
 
+def _early(ev: Evidence, recipe: str, measure: str):
+    """The measure per seed of each of Fig. 4's three groups at 18L-18L."""
+    return {g: ev.value(measure, recipe=recipe, group=g, depth=18) for g in EARLY}
+
+
 def _fig4_update(recipe):
     def criterion(ev: Evidence):
         """Holds when, in every seed, Post-LN without warm-up moves the model at least 10 times as far
@@ -32,12 +37,12 @@ def _fig4_update(recipe):
         post, warm = ev.value("model_update@2", group="postln", **at).align(
             ev.value("model_update@2", group="postln_warmup", **at), join="outer")
         jump = post / warm
-        late = {g: ev.value("model_update@29", group=g, **at) for g in EARLY}
+        late = _early(ev, recipe, "model_update@29")
         lowest = (compare(late["postln_init"], late["postln_warmup"], operator.lt)
                   & compare(late["postln_init"], late["postln"], operator.lt))
         a, b = every(jump >= 10), every(lowest)
-        measured = (f"update 2, Post-LN / with warm-up: {spread(jump)}; update 29: with warm-up "
-                    f"{spread(late['postln_warmup'])}, Post-LN-init {spread(late['postln_init'])}")
+        measured = (f"update 2, Post-LN / with warm-up: {over_seeds(jump)}; update 29: with warm-up "
+                    f"{over_seeds(late['postln_warmup'])}, Post-LN-init {over_seeds(late['postln_init'])}")
         return (HOLDS if a and b else PARTLY if a or b else DOES_NOT_HOLD), measured
     return criterion
 
@@ -49,12 +54,12 @@ def _fig4_ln(recipe):
         both Post-LN with warm-up's and Post-LN-init's stay within 5% of where they started. Partly
         when Post-LN's grows by 10% and more than warm-up's in every seed, but the other two are not
         flat; otherwise it does not hold."""
-        g = {x: ev.value("ln_input_growth@30", recipe=recipe, group=x, depth=18) for x in EARLY}
+        g = _early(ev, recipe, "ln_input_growth@30")
         grows = every(g["postln"] >= 1.10)
         flat = every((g["postln_warmup"] - 1).abs() <= 0.05) and every((g["postln_init"] - 1).abs() <= 0.05)
         above = every(compare(g["postln"], g["postln_warmup"], operator.gt))
-        measured = (f"LN input at update 30 / at init: Post-LN {spread(g['postln'])}, with warm-up "
-                    f"{spread(g['postln_warmup'])}, Post-LN-init {spread(g['postln_init'])}")
+        measured = (f"LN input at update 30 / at init: Post-LN {over_seeds(g['postln'])}, with warm-up "
+                    f"{over_seeds(g['postln_warmup'])}, Post-LN-init {over_seeds(g['postln_init'])}")
         return (HOLDS if grows and flat else PARTLY if grows and above else DOES_NOT_HOLD), measured
     return criterion
 
@@ -65,11 +70,11 @@ def _fig4_grad(recipe):
         layer. Holds when, in every seed, Post-LN's is below 0.01 (vanished) and Post-LN-init's is at
         least 10 times Post-LN's; partly when only Post-LN's is below 0.01; otherwise it does not
         hold."""
-        r = {x: ev.value("grad_bottom_over_top@30", recipe=recipe, group=x, depth=18) for x in EARLY}
+        r = _early(ev, recipe, "grad_bottom_over_top@30")
         vanished = every(r["postln"] < 0.01)
         kept = every(compare(r["postln_init"], r["postln"], lambda a, b: a >= 10 * b))
-        measured = (f"layer 1 / largest layer at update 30: Post-LN {spread(r['postln'])}, with warm-up "
-                    f"{spread(r['postln_warmup'])}, Post-LN-init {spread(r['postln_init'])}")
+        measured = (f"layer 1 / largest layer at update 30: Post-LN {over_seeds(r['postln'])}, with warm-up "
+                    f"{over_seeds(r['postln_warmup'])}, Post-LN-init {over_seeds(r['postln_init'])}")
         return (HOLDS if vanished and kept else PARTLY if vanished else DOES_NOT_HOLD), measured
     return criterion
 
@@ -96,7 +101,7 @@ def _fig5(recipe, steps):
         flat = all(every(g <= 2) for g in deep_growth)
         under = all(every(r <= 1 / 3) for r in below)
         worst = max(r.max() for r in below)
-        measured = "; ".join(f"update {k}: {FIG5_DEPTHS[0]}L→{FIG5_DEPTHS[-1]}L Post-LN ×{spread(p, 2)}, DeepNorm ×{spread(d, 2)}"
+        measured = "; ".join(f"update {k}: {FIG5_DEPTHS[0]}L→{FIG5_DEPTHS[-1]}L Post-LN ×{over_seeds(p, 2)}, DeepNorm ×{over_seeds(d, 2)}"
                              for k, p, d in zip(steps, post_growth, deep_growth))
         measured += f"; DeepNorm / Post-LN at most {worst:.2f}"
         return (HOLDS if grows and flat and under else PARTLY if grows and under else DOES_NOT_HOLD), measured
@@ -152,7 +157,7 @@ def _fig6(recipe, depths, groups, measure, higher_is_better):
         holds_up = sign * (mean(at_deep) - mean(at_shallow)) >= -sd
         postln = all(outcome(ev, recipe, "postln", d) == "fails" for d in depths if d >= 18)
         name = "BLEU" if higher_is_better else "loss"
-        measured = (f"DeepNorm {name} {shallow}L {spread(at_shallow)} → {deep}L {spread(at_deep)}; "
+        measured = (f"DeepNorm {name} {shallow}L {over_seeds(at_shallow)} → {deep}L {over_seeds(at_deep)}; "
                     f"rank {best['rank']} of {best['of']} at {deep}L"
                     + (f" (beaten by {', '.join(best['beaten_by'])})" if best["beaten_by"] else "")
                     + f"; Post-LN from 18L: {'fails' if postln else 'trains somewhere'}")
@@ -178,14 +183,14 @@ def _trains_where_postln_fails(recipe, depth, deep_group="deepnorm", solve_acc=N
         loss = ev.value("final_eval_loss", recipe=recipe, group=deep_group, depth=depth)
         ref = ev.runs(recipe=recipe, depth=depth)
         ref = ref.unigram_eval_loss if (ref.task == "lm").all() else ref.position_only_eval_loss
-        measured = (f"DeepNorm {spread(loss)}, " + ", ".join(
-            f"{g} {spread(ev.value('final_eval_loss', recipe=recipe, group=g, depth=depth))}" for g in posts)
+        measured = (f"DeepNorm {over_seeds(loss)}, " + ", ".join(
+            f"{g} {over_seeds(ev.value('final_eval_loss', recipe=recipe, group=g, depth=depth))}" for g in posts)
             + f" (input-blind rule {mean(ref):.3f})")
         solved = True
         if solve_acc is not None:
             acc = ev.value("final_eval_acc", recipe=recipe, group=deep_group, depth=depth)
             solved = every(acc >= solve_acc)
-            measured += f"; DeepNorm accuracy {spread(acc)} (solved: ≥ {solve_acc})"
+            measured += f"; DeepNorm accuracy {over_seeds(acc)} (solved: ≥ {solve_acc})"
         if trains and fail and solved:
             return HOLDS, measured
         return (PARTLY if trains else DOES_NOT_HOLD), measured
@@ -205,7 +210,7 @@ def _depth_law(recipe, depths, paper_deepest=1000):
         depths = sorted(runs.depth.unique())
         falling = every(fits.slope < 0) and len(fits) == runs.seed.nunique()
         good = falling and every(fits.r2 >= 0.9) and means.idxmin() == max(depths) and max(depths) >= paper_deepest
-        measured = (f"A {spread(fits.slope)}, R² {spread(fits.r2)} over {min(depths)}-{max(depths)} layers; "
+        measured = (f"A {over_seeds(fits.slope)}, R² {over_seeds(fits.r2)} over {min(depths)}-{max(depths)} layers; "
                     f"lowest mean loss at {means.idxmin()} layers")
         return (HOLDS if good else PARTLY if falling else DOES_NOT_HOLD), measured
     return criterion
@@ -246,7 +251,7 @@ def _bound(recipe, depths):
         post = growth(ev, recipe, "postln", "bound@1", depths)
         deep = growth(ev, recipe, "deepnorm", "bound@1", depths)
         measured = (f"bound / update ≥ {floor:.2f}; bound at step 1, {min(depths)}L→{max(depths)}L: "
-                    f"Post-LN ×{spread(post, 2)}, DeepNorm ×{spread(deep, 2)}")
+                    f"Post-LN ×{over_seeds(post, 2)}, DeepNorm ×{over_seeds(deep, 2)}")
         if not floor >= 1:
             return DOES_NOT_HOLD, measured
         faster = every(compare(post, deep, operator.gt))

@@ -29,7 +29,7 @@ import pandas as pd
 from stabexp.analysis import (encoder_input_change, final_max_logit, last_w2_grad, least_squares,
                               linear_and_log_fits, output_gradients, setting, smd_equilibrium, update_bound_steps)
 from stabexp.claims.registry import normal_setting
-from stabexp.plotting.collect import collect
+from stabexp.plotting.collect import Tables, collect
 
 KEY = ["recipe", "scale", "group", "depth", "decoder_depth", "seed", "setting"]
 RECORD_COLUMNS = KEY + ["task", "status", "date", "measure", "value"]
@@ -252,7 +252,7 @@ def from_run_folders(folder: Path) -> pd.DataFrame:
                       date=runs.run.map(lambda r: datetime.date.fromtimestamp(
                           (root / r / "summary.json").stat().st_mtime).isoformat()))
     ids = ids[["run", *KEY, "task", "status", "date"]]
-    found = measures(Tables(tables, runs))
+    found = measures(_only(tables, runs))
     folds = _fold(root, runs)
     if folds:
         found = pd.concat([found, *folds], ignore_index=True)
@@ -260,13 +260,10 @@ def from_run_folders(folder: Path) -> pd.DataFrame:
     return _typed(long[RECORD_COLUMNS])
 
 
-class Tables(dict):
+def _only(tables: Tables, runs: pd.DataFrame) -> Tables:
     """The collected tables restricted to some runs."""
-
-    def __init__(self, tables, runs: pd.DataFrame):
-        keep = set(runs.run)
-        super().__init__({name: (frame[frame.run.isin(keep)] if "run" in frame else frame)
-                          for name, frame in tables.items()})
+    keep = set(runs.run)
+    return Tables({name: (frame[frame.run.isin(keep)] if "run" in frame else frame) for name, frame in tables.items()})
 
 
 # --- recorded tables ----------------------------------------------------------------------

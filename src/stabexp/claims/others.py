@@ -8,7 +8,7 @@ changed since says so in `revised`.
 from __future__ import annotations
 
 from stabexp.claims.registry import (DOES_NOT_HOLD, HOLDS, PARTLY, Cells, Claim, Evidence, compare, every, mean,
-                                     spread)
+                                     over_seeds)
 from stabexp.claims.rules import grid, lr_sensitivities, parse, value_as_hydra_writes, with_setting, without
 
 SMD_SETTINGS = grid(**{"optim": ["sgd", "sgdm", "adamw"], "train.lr": ["0.1", "0.2"],
@@ -51,8 +51,8 @@ def _qk_layernorm(ev: Evidence):
     on, off = value_as_hydra_writes("true"), value_as_hydra_writes("false")
     lower = every(compare(per[on], per[off], lambda a, b: a < b))
     held = every(compare(logit[on], logit[off], lambda a, b: a < 0.1 * b))
-    measured = (f"LR sensitivity {spread(per[off])} → {spread(per[on])}; largest logit at lr 0.3 "
-                f"{spread(logit[off])} → {spread(logit[on])}")
+    measured = (f"LR sensitivity {over_seeds(per[off])} → {over_seeds(per[on])}; largest logit at lr 0.3 "
+                f"{over_seeds(logit[off])} → {over_seeds(logit[on])}")
     return (HOLDS if lower and held else PARTLY if lower or held else DOES_NOT_HOLD), measured
 
 
@@ -72,8 +72,8 @@ def _z_loss(ev: Evidence):
     z = value_as_hydra_writes("1e-4")
     smaller = every(compare(logz[z], logz["0"], lambda a, b: a <= 0.5 * b))
     lower = every(compare(per[z], per["0"], lambda a, b: a < b))
-    measured = (f"|log Z| at lr 0.3 {spread(logz['0'])} → {spread(logz[z])}; LR sensitivity "
-                f"{spread(per['0'])} → {spread(per[z])}")
+    measured = (f"|log Z| at lr 0.3 {over_seeds(logz['0'])} → {over_seeds(logz[z])}; LR sensitivity "
+                f"{over_seeds(per['0'])} → {over_seeds(per[z])}")
     return (HOLDS if smaller and lower else PARTLY if smaller or lower else DOES_NOT_HOLD), measured
 
 
@@ -84,7 +84,7 @@ def _peri_ln(ev: Evidence):
     sens = lr_sensitivities(ev.runs(recipe="lr_sensitivity_2025", depth=4, setting=LR_ONLY))
     per = sens.pivot_table(index="seed", columns="group", values="sensitivity")
     lower = every(compare(per["peri_ln"], per["preln"], lambda a, b: a < b))
-    measured = f"LR sensitivity Pre-LN {spread(per['preln'])}, Peri-LN {spread(per['peri_ln'])}"
+    measured = f"LR sensitivity Pre-LN {over_seeds(per['preln'])}, Peri-LN {over_seeds(per['peri_ln'])}"
     return (HOLDS if lower and mean(per["peri_ln"]) <= 0.5 * mean(per["preln"]) else PARTLY if lower
             else DOES_NOT_HOLD), measured
 
@@ -96,7 +96,7 @@ def _dyt(ev: Evidence):
     runs = ev.runs(recipe="lr_sensitivity_2025", group=["preln", "dyt"], depth=4, setting=LR_ONLY)
     best = runs.loc[runs.status == "completed"].pivot_table(index="seed", columns="group", values="final_eval_loss", aggfunc="min")
     gap = best["dyt"] - best["preln"]
-    measured = f"best loss Pre-LN {spread(best['preln'])}, DyT {spread(best['dyt'])}"
+    measured = f"best loss Pre-LN {over_seeds(best['preln'])}, DyT {over_seeds(best['dyt'])}"
     return (HOLDS if every(gap <= 0.05) else PARTLY if every(gap <= 0.2) else DOES_NOT_HOLD), measured
 
 
@@ -106,7 +106,7 @@ def _peri_stream(ev: Evidence):
     (bounded); partly when it grows less than Pre-LN's in every seed; otherwise it does not hold."""
     peri = ev.value("stream_growth", recipe="lm_depth", group="peri_ln", depth=100)
     pre = ev.value("stream_growth", recipe="lm_depth", group="preln", depth=100)
-    measured = f"stream growth over 100 layers: Pre-LN ×{spread(pre, 2)}, Peri-LN ×{spread(peri, 2)}"
+    measured = f"stream growth over 100 layers: Pre-LN ×{over_seeds(pre, 2)}, Peri-LN ×{over_seeds(peri, 2)}"
     below = every(compare(peri, pre, lambda a, b: a < b))
     return (HOLDS if every(peri <= 2) else PARTLY if below else DOES_NOT_HOLD), measured
 
@@ -120,7 +120,7 @@ def _curse(ev: Evidence):
     scaled = ev.value("cheap_layer_share", recipe="lm_depth", group="layernorm_scaled", depth=100)
     curse = every(pre >= 0.5)
     fixed = every(compare(scaled, pre, lambda a, b: a <= b - 0.1))
-    measured = f"cheap layers: Pre-LN {spread(pre, 2)}, LayerNorm Scaling {spread(scaled, 2)}"
+    measured = f"cheap layers: Pre-LN {over_seeds(pre, 2)}, LayerNorm Scaling {over_seeds(scaled, 2)}"
     return (HOLDS if curse and fixed else PARTLY if curse else DOES_NOT_HOLD), measured
 
 
@@ -146,7 +146,7 @@ def _reversal(ev: Evidence):
     every depth in every seed (the plateau is that rule); otherwise it does not hold."""
     runs = ev.runs(recipe="depth_table", group="deepnorm", setting="task=reverse")
     gap = (runs.final_eval_loss - runs.source_counts_eval_loss).abs()
-    measured = f"|loss − rule| {spread(gap, 2)} at {', '.join(str(d) for d in sorted(runs.depth.unique()))}L"
+    measured = f"|loss − rule| {over_seeds(gap, 2)} at {', '.join(str(d) for d in sorted(runs.depth.unique()))}L"
     return (HOLDS if every(gap <= 0.05) else DOES_NOT_HOLD), measured
 
 

@@ -212,7 +212,7 @@ def every(values) -> bool:
     return bool(v) and all(bool(x) and x == x for x in v)
 
 
-def spread(values, digits: int = 3) -> str:
+def over_seeds(values, digits: int = 3) -> str:
     """mean ± sample sd (n) of a value measured once per seed; the value alone for one seed."""
     v = np.asarray([x for x in values if x == x], dtype=float)
     if v.size == 0:
