@@ -215,6 +215,32 @@ def test_a_run_killed_on_both_ranks_resumes_to_the_same_files(parallel, tmp_path
 
 
 @pytest.mark.slow
+def test_a_sharded_checkpoint_is_read_without_running_code_and_a_whole_tmp_one_is_resumed(tmp_path):
+    """A planted DCP metadata file is refused on every rank and never run; a kill that fell
+    after checkpoint.tmp/ was whole and before the renames (no checkpoint/ beside it) resumes
+    from it, not from step 0."""
+    import pickle
+
+    from test_run_folders import Payload
+
+    cfg = compose_cfg("train.parallel=ddp")
+    run_ranks(cfg, tmp_path / "whole")
+    killed = tmp_path / "killed"
+    run_ranks(cfg, killed, exit_after=13)  # the last checkpoint is step 10's
+    metadata = killed / "checkpoint" / "model_and_optim" / ".metadata"
+    kept = metadata.read_bytes()
+    metadata.write_bytes(pickle.dumps(Payload(tmp_path / "ran")))
+    with pytest.raises(Exception, match="other than DCP's metadata"):
+        run_ranks(cfg, killed)
+    assert not (tmp_path / "ran").exists()
+    metadata.write_bytes(kept)
+    (killed / "checkpoint").rename(killed / "checkpoint.tmp")
+    run_ranks(cfg, killed)
+    assert json.loads((killed / "summary.json").read_text())["resumed_from"] == [10]
+    assert_same_files(tmp_path / "whole", killed, "resumed from checkpoint.tmp/")
+
+
+@pytest.mark.slow
 def test_a_diverged_run_stops_on_every_rank_at_the_one_process_step(tmp_path):
     cfg = compose_cfg("optim=sgd", "train.lr=200", "train.warmup_steps=0")
     train(cfg, tmp_path / "one")
@@ -232,7 +258,8 @@ def test_a_checkpoint_of_two_ranks_is_resumed_by_two_only(tmp_path):
     with pytest.raises(Exception, match=r"written by 2 processes, this run has 1: resume it with torchrun "
                                         r"--nproc-per-node=2"):
         run_ranks(cfg, tmp_path / "killed", world=1)
-    with pytest.raises(ConfigError, match=r"written by 2 processes: resume it with torchrun --nproc-per-node=2"):
+    with pytest.raises(ConfigError, match=r"holds a run of another config \(train.parallel: \"ddp\" in the folder, "
+                                          r"\"none\" here\)"):
         train(compose_cfg(), tmp_path / "killed")
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from stabexp.config import conf_dir
+from stabexp.config import ConfigError, conf_dir
 from stabexp.model.transformer import PLACEMENTS
 from stabexp.probes import model_update
 from stabexp.train.files import WALL_CLOCK
@@ -159,11 +159,13 @@ def test_forced_divergence_is_a_result(make_cfg, tmp_path):
 
 
 def test_finished_run_is_not_overwritten(make_cfg, tmp_path):
+    """Neither by the same config (left as is) nor by another (refused, tests/test_run_folders.py)."""
     cfg = make_cfg("group=postln")
     train(cfg, tmp_path)
     before = (tmp_path / "metrics.csv").read_bytes()
-    again = train(make_cfg("group=postln", "train.lr=0.1"), tmp_path)
-    assert again["status"] == "completed"
+    assert train(make_cfg("group=postln"), tmp_path)["status"] == "completed"
+    with pytest.raises(ConfigError, match=r"another config \(train.lr: 0.001 in the folder, 0.1 here\)"):
+        train(make_cfg("group=postln", "train.lr=0.1"), tmp_path)
     assert (tmp_path / "metrics.csv").read_bytes() == before
 
 

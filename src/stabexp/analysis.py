@@ -285,17 +285,20 @@ def dependency_summary(dependency: pd.DataFrame) -> pd.DataFrame:
 
 def grid_counts(runs: pd.DataFrame) -> pd.DataFrame:
     """Per group and decade of lr in an lr sweep: cells, how many diverged (the run's rule) and
-    completed, and against Pre-LN (same lr and other settings) in how many of its completed cells
-    the group's final eval loss is the lower one (both completed)."""
+    completed, and against Pre-LN (same preset, lr and other settings) in how many of its
+    completed cells the group's final eval loss is the lower one (both completed; a cell where
+    Pre-LN ran twice with configs that differ has no one Pre-LN to compare with)."""
     runs = runs.assign(setting=runs.apply(run_setting, axis=1).map(_without_group),
-                       decade=np.floor(np.log10(runs.lr.astype(float)) + 1e-9).astype(int))
-    preln = runs[runs.group == "preln"].set_index(["setting", "lr"])
+                       decade=np.floor(np.log10(runs.lr.astype(float)) + 1e-9).astype(int),
+                       preset=_labels(runs, ("experiment", "scale")))
+    preln = runs[runs.group == "preln"].set_index(["preset", "setting", "lr"])
+    preln = preln[~preln.index.duplicated(keep=False)]
     out = []
     for (group, decade), rows in runs.groupby(["group", "decade"]):
         done = rows[rows.status == "completed"]
         wins = both = 0
         for _, r in done.iterrows():
-            key = (r.setting, r.lr)
+            key = (r.preset, r.setting, r.lr)
             if group != "preln" and key in preln.index and preln.loc[key].status == "completed":
                 both += 1
                 wins += int(r.final_eval_loss < preln.loc[key].final_eval_loss)
@@ -427,13 +430,38 @@ def lr_sensitivity_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFr
     init = metrics[metrics.step == 0].set_index("run")["eval_loss"] if "eval_loss" in metrics else pd.Series(dtype=float)
     rows = []
     for _, r in runs.iterrows():
-        final = r.final_eval_loss if r.status == "completed" else float("nan")
-        rows.append({"run": r.run, "setting": run_setting(r), "lr": float(r.lr), "final_eval_loss": final,
-                     "status": r.status, "loss_0": init.get(r.run, float("nan"))})
-    table = pd.DataFrame(rows).sort_values(["setting", "lr"])
+        final = r.final_eval_loss if r.status == "completed" and pd.notna(r.final_eval_loss) else float("nan")
+        rows.append({"run": r.run, "setting": run_setting(r), "lr": float(r.lr), "final_eval_loss": float(final),
+                     "status": r.status, "loss_0": init.get(r.run, float("nan")),
+                     **{key: r.get(key) for key in ("experiment", "scale", "sweep")}})
+    table = pd.DataFrame(rows)
+    table = table.assign(setting=_told_apart(table)).drop(columns=["experiment", "scale", "sweep"])
+    table = table.sort_values(["setting", "lr"])
     sensitivity = {s: lr_sensitivity(t.final_eval_loss, t.loss_0.mean()) for s, t in table.groupby("setting")}
     table["lr_sensitivity"] = table.setting.map(sensitivity)
     return table.reset_index(drop=True)
+
+
+def _told_apart(table: pd.DataFrame) -> pd.Series:
+    """The settings of a table of runs (setting, lr, experiment, scale, sweep), each lr at most
+    once per setting: where two runs of a setting share an lr (sweeps of two presets, or of one
+    preset at two scales, in one folder; one command run twice with configs that differ), every
+    run of that setting is told apart by its preset, failing that by its sweep folder. One
+    config run twice is one run, for the caller to count once (stabexp report does)."""
+    settings = table.setting
+    for keys in (("experiment", "scale"), ("sweep",)):
+        clash = table.assign(setting=settings).duplicated(["setting", "lr"], keep=False)
+        if not clash.any():
+            break
+        mixed = settings.isin(settings[clash])
+        settings = settings.where(~mixed, (_labels(table, keys) + " " + settings).str.strip())
+    return settings
+
+
+def _labels(runs: pd.DataFrame, keys) -> pd.Series:
+    """Per run, "key=value" of the `keys` it has a value of, space-joined."""
+    return pd.Series([" ".join(f"{k}={r.get(k)}" for k in keys if pd.notna(r.get(k))) for _, r in runs.iterrows()],
+                     index=runs.index, dtype=object)
 
 
 def setting_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -467,10 +495,14 @@ def update_bound_steps(metrics: pd.DataFrame, bound: pd.DataFrame, runs: pd.Data
 
     A single stack sums its sublayers' terms (Theorem 4.1). An encoder-decoder run (rows of both
     stacks) is Theorem 4.3's: the decoder's terms, plus the encoder's sum (`encoder_bound`) times
-    `cross_gain`, sum over the cross-attentions of v w / alpha_d (probes/update_bound.py)."""
+    `cross_gain`, sum over the cross-attentions of v w / alpha_d (probes/update_bound.py).
+
+    A step without a finite measured update has no row: the model blew up there (a diverged
+    run), or the run's summary does not hold ||F(x, theta_0)|| yet (written at its first
+    checkpoint), or its metrics.csv is gone."""
     columns = ["run", "group", "depth", "seed", "step", "bound", "bound_gain", "measured", "ratio", "ratio_gain",
                "encoder_bound", "cross_gain"]
-    if bound.empty:
+    if bound.empty or "model_update" not in metrics:
         return pd.DataFrame(columns=columns)
     keys = ["run", "group", "depth", "seed", "step"]
     two_stacks = bound.groupby("run")["stack"].transform("nunique") > 1
@@ -486,15 +518,15 @@ def update_bound_steps(metrics: pd.DataFrame, bound: pd.DataFrame, runs: pd.Data
         if not suffix:  # Theorem 4.3's two factors, in the operator-norm reading
             sums["encoder_bound"], sums["cross_gain"] = inner, gain
     frame = pd.DataFrame(sums).reset_index()
-    norm = runs.set_index("run").features_init_norm
+    norm = pd.to_numeric(runs.set_index("run").get("features_init_norm", pd.Series(dtype=float)), errors="coerce")
     update = metrics[["run", "step", "model_update"]].dropna()
     frame = frame.merge(update, on=["run", "step"])
-    frame = frame[frame.step > 0]
-    measured = frame.model_update / frame.run.map(norm)
+    frame = frame.assign(measured=frame.model_update / frame.run.map(norm).astype(float))
+    frame = frame[(frame.step > 0) & np.isfinite(frame.measured)]
     return pd.DataFrame({"run": frame.run, "group": frame.group, "depth": frame.depth, "seed": frame.seed,
                          "step": frame.step, "bound": frame.bound, "bound_gain": frame.bound_gain,
-                         "measured": measured, "ratio": frame.bound / measured,
-                         "ratio_gain": frame.bound_gain / measured, "encoder_bound": frame.encoder_bound,
+                         "measured": frame.measured, "ratio": frame.bound / frame.measured,
+                         "ratio_gain": frame.bound_gain / frame.measured, "encoder_bound": frame.encoder_bound,
                          "cross_gain": frame.cross_gain}, columns=columns)
 
 
@@ -502,6 +534,8 @@ def update_bound_table(steps: pd.DataFrame, at=(1, 10, 100)) -> pd.DataFrame:
     """Per group and depth (mean over seeds): the bound and the measured relative update at
     the steps `at` (those probed), and over every probe step the smallest bound / measured in both
     readings: the bound holds where min_ratio >= 1."""
+    columns = ["group", "depth", "runs", *(f"{what}_{step}" for step in at for what in ("bound", "measured")),
+               "min_ratio", "median_ratio", "min_ratio_gain"]
     out = []
     for (group, depth), rows in steps.groupby(["group", "depth"], sort=False):
         row = {"group": group, "depth": int(depth), "runs": rows.run.nunique()}
@@ -511,7 +545,7 @@ def update_bound_table(steps: pd.DataFrame, at=(1, 10, 100)) -> pd.DataFrame:
             row[f"measured_{step}"] = here.measured.mean() if not here.empty else np.nan
         row.update(min_ratio=rows.ratio.min(), median_ratio=rows.ratio.median(), min_ratio_gain=rows.ratio_gain.min())
         out.append(row)
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=columns)
 
 
 # --- DeepNet Fig. 8: is deeper better? ------------------------------------------------------

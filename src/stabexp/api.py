@@ -21,7 +21,6 @@ here. docs/api.md has a worked example.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -50,6 +49,7 @@ from stabexp.analysis import (  # noqa: F401  (re-exported: the fits the report 
 from stabexp.config import outputs_dir
 from stabexp.plotting.collect import Tables, collect
 from stabexp.plotting.figures import preset_tables, read_collected
+from stabexp.train.files import read_json
 
 PathLike = Union[str, Path]
 
@@ -109,12 +109,12 @@ def load_run(path: PathLike, root: Optional[PathLike] = None) -> Run:
     summary_file = folder / "summary.json"
     if not summary_file.is_file():
         raise FileNotFoundError(f"{folder} is not a run folder: it holds no summary.json")
-    summary = json.loads(summary_file.read_text())
+    summary = read_json(summary_file)
     config = {}
     if (folder / "config.yaml").is_file():
-        from omegaconf import OmegaConf
+        from stabexp.train.folder import recorded_config
 
-        config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
+        config = recorded_config(folder)
     return Run(folder=folder, summary=summary, config=config, metrics=_csv(folder / "metrics.csv"),
                layers=_csv(folder / "layers.csv"), dependency=_csv(folder / "dependency.csv"),
                update_bound=_csv(folder / "update_bound.csv"),

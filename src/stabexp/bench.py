@@ -49,6 +49,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stabexp.config import ConfigError, ProbeConfig, outputs_dir
+from stabexp.train.files import json_text
 from stabexp.memory import peak_rss_kib, reset_peak_rss_kib
 
 GROUPS = ("postln", "deepnorm", "admin")
@@ -248,7 +249,7 @@ def run_bench(sizes, depths, steps, repeats, task_name: str, batch_size: int, ma
               "task": task_name, "batches": batches, "overrides": list(overrides), "steps_per_window": steps,
               "repeats": repeats, "rows": rows}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.write_text(json_text(report))
     return report
 
 

@@ -11,7 +11,7 @@ import logging
 import shutil
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import yaml
 
@@ -34,18 +34,37 @@ Examples:
   stabexp run experiment=deepnet_depth scale=quick
 Run folders go under {outputs}"""
 
+# The jobs of this process's sweep that did not finish: (run folder, why), summed up at its end.
+_unfinished: List[Tuple[Path, str]] = []
+# Hydra's own record of the command (.hydra/) is turned off and written by the task once the
+# folder is known to be its run's (stabexp.train.folder.write_hydra_record); a command that
+# names another hydra.output_subdir keeps Hydra's own.
+RECORD_HYDRA = "hydra.output_subdir=null"
+
+
+def _job_ended(out_dir: Path, why: str, hydra_cfg, err: Optional[BaseException] = None) -> None:
+    """A sweep's job that did not finish: one line now, a line in the sum at the end, and on a
+    launcher that runs jobs in other processes (joblib, submitit) the error raised for it to
+    report, which it does once every job has run."""
+    log.error("job %s %s", out_dir.name, why)
+    _unfinished.append((out_dir, why))
+    if "BasicLauncher" not in str(hydra_cfg.launcher.get("_target_", "")):
+        raise RuntimeError(f"{out_dir}: {why}") from err
+
+
 def _hydra_main():
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
     def run(cfg) -> None:
-        from stabexp.train.trainer import train
+        from stabexp.train.trainer import check, train
 
         from stabexp.train.files import RunLocked
         from stabexp.train.stop import RunStopped
 
         from stabexp import distributed
+        from stabexp.train import folder
 
         out_dir = Path(HydraConfig.get().runtime.output_dir)
         if distributed.launched():
@@ -58,13 +77,25 @@ def _hydra_main():
                     logging.getLogger().removeHandler(handler)
                     handler.close()
         say = print if distributed.is_rank0() else (lambda *a, **k: None)  # one line, from rank 0
+        hydra_cfg = HydraConfig.get()
+        in_sweep = str(hydra_cfg.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
         try:
+            check(cfg)
+            # Before Hydra's record of this command goes in; rank 0 reads the folder for all.
+            refused = distributed.broadcast(folder.refused(out_dir, cfg) if distributed.is_rank0() else None)
+            if refused:
+                raise ConfigError(refused)
+            if distributed.is_rank0() and hydra_cfg.output_subdir is None:
+                folder.write_hydra_record(out_dir, cfg)
             summary = train(cfg, out_dir)
         except ConfigError as err:
+            if in_sweep:  # one job refused: said, and the sweep goes on (cmd_run sums up at the end)
+                _job_ended(out_dir, f"refused: {err}", hydra_cfg)
+                return
             say(f"stabexp: error: {err}", file=sys.stderr)
             sys.exit(2)
         except RunLocked as err:
-            if str(HydraConfig.get().mode) in ("MULTIRUN", "RunMode.MULTIRUN"):
+            if in_sweep:
                 # Another process runs this job (two launches of one sweep share the work).
                 log.warning("skipped: %s", err)
                 return
@@ -74,6 +105,12 @@ def _hydra_main():
             say(f"stabexp: stopped by {stop}: {out_dir} has a checkpoint; the same command resumes it",
                 file=sys.stderr)
             sys.exit(128 + stop.signum)
+        except Exception as err:
+            if not in_sweep:
+                raise
+            _job_ended(out_dir, f"failed: {type(err).__name__}: {err} (traceback in {out_dir / 'error.txt'})",
+                       hydra_cfg, err)
+            return
         eval_loss, bleu = summary.get("final_eval_loss"), summary.get("test_bleu")
         log.info("%s: %s after %s steps, eval loss %s%s, results in %s", summary["group"],
                  summary["status"], summary.get("steps_done"),
@@ -130,6 +167,10 @@ def _cmd_run(args: List[str], checked=None) -> int:
     if not (wants_help or {"--cfg", "-c"} & set(args)):
         key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
         given = [h[len(key):].strip("'\"") for h in hydra_overrides if h.startswith(key)]
+        if given and not given[0].strip():  # Hydra would write the run into the current folder
+            print(f"stabexp: error: {key} is empty: give the {'sweep' if multirun else 'run'} folder's path "
+                  "(or leave it out for one under the outputs folder)", file=sys.stderr)
+            return 2
         folder = Path(given[0]) if given else sweep_dir if multirun else run_dir
         error = None
         if "${" not in str(folder) and distributed.is_rank0():  # an interpolation only Hydra resolves
@@ -145,10 +186,12 @@ def _cmd_run(args: List[str], checked=None) -> int:
             if distributed.is_rank0():
                 print(f"stabexp: error: {error}", file=sys.stderr)
             return 2
+    if not any(h.lstrip("+").startswith("hydra.output_subdir=") for h in hydra_overrides):
+        extra.append(RECORD_HYDRA)
     if not distributed.is_rank0():
         # Hydra's own files (.hydra/, the log file, a sweep's multirun.yaml) come from rank 0:
         # the other ranks log to the terminal and keep a sweep's bookkeeping in a temp folder.
-        extra += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+        extra += ["hydra/job_logging=stdout"]
         if multirun:
             import tempfile
 
@@ -158,12 +201,19 @@ def _cmd_run(args: List[str], checked=None) -> int:
     # Flags first, then every override in one run: Hydra's argparse takes the overrides as one
     # positional list, so an override after a flag (`... --cfg job hydra.sweep.dir=...`) is refused.
     sys.argv = ["stabexp", *flags_first(args), *extra]
+    _unfinished.clear()
     try:
         _hydra_main()()
     finally:
         for e in extra:
             if e.startswith("hydra.sweep.dir=") and not distributed.is_rank0():
                 shutil.rmtree(e.split("=", 1)[1].strip("'"), ignore_errors=True)
+    if _unfinished and distributed.is_rank0():
+        print(f"stabexp: error: {len(_unfinished)} job(s) of the sweep did not finish (the others ran):",
+              file=sys.stderr)
+        for out_dir, why in _unfinished:
+            print(f"  {out_dir}: {why}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -81,10 +81,13 @@ def run_name(overrides) -> str:
     parts = sorted(str(o) for o in overrides
                    if not str(o).lstrip("+~").startswith(("hydra", "overwrite=", "logger=", "logger.")))
     # Quotes of quoted values would end the quoted hydra.sweep.dir the CLI passes to Hydra.
-    name = "__".join(parts).replace("/", "-").replace(" ", "").replace("'", "").replace('"', "") or "default"
-    if len(name) > 150:  # keep under file-system limits, stay deterministic
-        import hashlib
+    exact = "__".join(parts).replace("'", "").replace('"', "")
+    name = exact.replace("/", "-").replace(" ", "") or "default"
+    import hashlib
 
+    if name != exact:  # `task.path=/x/a-b` and `task.path=/x/a/b` read alike: the hash tells them apart
+        name = name[:120] + "__" + hashlib.sha1(exact.encode()).hexdigest()[:10]
+    elif len(name) > 150:  # keep under file-system limits, stay deterministic
         name = name[:120] + "__" + hashlib.sha1(name.encode()).hexdigest()[:10]
     return name
 
@@ -389,6 +392,20 @@ def _check_known_keys(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> 
             _check_known_keys(child, child_schema, f"{prefix}{key}.")
 
 
+def _check_set(cfg: DictConfig, prefix: str = "") -> None:
+    # A config file of the user's own (a group without `init`, say) leaves a mandatory key
+    # unset, which would surface only as OmegaConf's traceback once the model is built.
+    for key in cfg.keys():
+        if OmegaConf.is_missing(cfg, key):
+            group = prefix.rstrip(".")
+            named = group and key != "name" and "name" in cfg and not OmegaConf.is_missing(cfg, "name")
+            source = (f"the {group} file {cfg.name}.yaml" if named else f"the {group} file" if group
+                      else "the config")
+            raise ConfigError(f"{prefix}{key} has no value: {source} must set it")
+        if isinstance(cfg.get(key), DictConfig):
+            _check_set(cfg.get(key), f"{prefix}{key}.")
+
+
 def _check_finite(cfg: DictConfig, prefix: str = "") -> None:
     # inf and nan pass every `> 0` or `>= 0` check below, and would only show as a run that
     # "diverges" at step 1: a non-finite number is bad input wherever it appears.
@@ -431,7 +448,10 @@ def validate(cfg: DictConfig) -> None:
     from stabexp.train.optim import DECAY_ON, torch_form
 
     _check_known_keys(cfg, _schema())
+    _check_set(cfg)
     _check_finite(cfg)
+    # The run's random streams are seeded 4 seed + k (torch takes seeds below 2^64).
+    _need(0 <= cfg.seed < 2 ** 60, "seed", cfg.seed, "must be an integer in [0, 2^60)")
     _need(cfg.depth >= 1, "depth", cfg.depth, "must be an integer >= 1")
     if cfg.decoder_depth is not None:
         _need(cfg.decoder_depth >= 1, "decoder_depth", cfg.decoder_depth,

@@ -15,6 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 from stabexp.atomic import write_atomic
+from stabexp.errors import ConfigError
+from stabexp.train import checkpoint, folder
 from stabexp.train.files import MODEL
 
 USAGE = "usage: stabexp export RUN_FOLDER [OUT_FILE]   (a finished Admin run made with train.save_model=true)"
@@ -26,8 +28,8 @@ def load_run_model(run: Path):
     from stabexp.model import build_model
 
     run = Path(run)
-    cfg = with_defaults(OmegaConf.load(run / "config.yaml"))
-    saved = torch.load(run / MODEL, map_location="cpu", weights_only=True)
+    cfg = with_defaults(OmegaConf.create(folder.recorded_config(run)))
+    saved = checkpoint.read(run / MODEL)
     model = build_model(cfg, saved["vocab_size"], saved["pad_id"], saved["max_positions"])
     model.load_state_dict(saved["state_dict"])
     return model.eval()
@@ -37,7 +39,7 @@ def load_exported(path):
     """The model `stabexp export` wrote, in eval mode."""
     from stabexp.model import LanguageModel, Seq2SeqTransformer, TransformerConfig
 
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    saved = checkpoint.read(path)
     c = TransformerConfig(**saved["config"])
     model = LanguageModel(c, saved["arch"]) if saved["arch"] != "transformer" else Seq2SeqTransformer(c)
     model.load_state_dict(saved["state_dict"])
@@ -68,12 +70,21 @@ def main(argv: List[str]) -> int:
         print(f"stabexp: error: {run} holds no final weights ({MODEL}): run it with train.save_model=true "
               "(a finished run: add it with overwrite=true)", file=sys.stderr)
         return 2
-    residuals = {OmegaConf.load(run / "config.yaml").group.get(k) for k in ("residual", "encoder_residual",
-                                                                          "decoder_residual")} - {None}
+    try:
+        group = folder.recorded_config(run).get("group") or {}
+    except ConfigError as err:
+        print(f"stabexp: error: {err}", file=sys.stderr)
+        return 2
+    residuals = {group.get(k) for k in ("residual", "encoder_residual", "decoder_residual")} - {None}
     if residuals != {"admin"}:
         print(f"stabexp: error: group.residual={','.join(sorted(residuals))} is not allowed: only an Admin run "
               "(group.residual=admin) folds into Post-LN", file=sys.stderr)
         return 2
-    print(f"wrote {export(run, out)}: a Post-LN model with Admin's omegas folded in "
+    try:
+        written = export(run, out)
+    except ConfigError as err:
+        print(f"stabexp: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {written}: a Post-LN model with Admin's omegas folded in "
           "(stabexp.export.load_exported reads it)")
     return 0

@@ -47,3 +47,59 @@ def peak_mib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2 ** 20
     return peak_rss_kib() / 1024
+
+
+# --- will a run's batch fit? ---------------------------------------------------------------
+
+def available_bytes(device: torch.device) -> int:
+    """Memory a run may still take: the GPU's free memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # not known here: no refusal
+
+
+def least_step_bytes(cfg) -> int:
+    """A lower bound on the memory of one training step's batch, where the task fixes the
+    batch's shape (sort, reverse, teacher, lm: train.batch_size rows of task.seq_len tokens;
+    a translation batch is what the corpus gives, at most train.batch_size sentences, so no
+    bound): the fp32 activations the backward pass must keep of each layer (its input, the
+    attention output and the FFN's hidden layer: d + d + ffn per token, far below all it keeps)
+    and the logits with their gradient. A run that needs more than this cannot run; one that
+    needs less may still not."""
+    kind, t, m = cfg.task.kind, cfg.task, cfg.model
+    if kind in ("sort", "reverse", "lm"):
+        tokens = cfg.train.batch_size * (t.seq_len + 1)
+        outputs = t.vocab_size
+    elif kind == "teacher":
+        tokens, outputs = cfg.train.batch_size, t.classes
+    else:
+        return 0
+    stacks = 2 if m.arch == "transformer" else 1
+    layers = cfg.depth + ((cfg.decoder_depth or cfg.depth) if stacks == 2 else 0)
+    per_token = layers * (2 * m.d_model + m.ffn_dim) + 2 * outputs
+    return 4 * tokens * per_token
+
+
+def check_fits(cfg, device: torch.device) -> None:
+    """ConfigError when one step's batch cannot fit in the memory left (least_step_bytes),
+    before anything is built: a batch far too big is one line, not a process the kernel kills
+    when it has taken the machine's memory from every other job on it."""
+    import os
+
+    from stabexp import distributed
+    from stabexp.errors import ConfigError
+
+    # K processes share each batch: a GPU holds its rank's share, a host its ranks' shares.
+    sharing = 1 if device.type == "cuda" else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    need, free = least_step_bytes(cfg) * sharing // distributed.world(), available_bytes(device)
+    if need > free:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not allowed here: one step of it needs at "
+                          f"least {need / 2 ** 30:.1f} GiB (its activations and logits, a lower estimate) and "
+                          f"{'this GPU' if device.type == 'cuda' else 'this machine'} has {free / 2 ** 30:.1f} GiB "
+                          "free: lower train.batch_size (or task.seq_len)")

@@ -4,13 +4,17 @@ test BLEU and the final validation loss, or "diverged @ step k".
 A sweep measured at init (train.steps=0, probe.at_init) shows the output change instead, and
 below the table the fits of stabexp.analysis: Admin's output change against the number of
 sublayers (linear and log, R^2 of each) and the log-log slope of the last W_2 gradient.
+
+A folder is reported as found: a run that repeats another's config (two sweeps sharing a run)
+counts once, a run whose summary says running that no process holds is interrupted, and what a
+table leaves out (a run without metrics.csv, one without a measured update) is said under it.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import pandas as pd
 
@@ -40,8 +44,11 @@ from stabexp.analysis import (
     w2_grad_slopes,
 )
 from stabexp.config import outputs_dir
-from stabexp.plotting.collect import collect
+from stabexp.plotting.collect import Tables, collect
 from stabexp.plotting.figures import ordered_groups
+from stabexp.train.files import current_status, read_summary
+
+FINISHED = ("completed", "diverged")
 
 
 def _cell(runs: pd.DataFrame) -> str:
@@ -55,7 +62,7 @@ def _cell(runs: pd.DataFrame) -> str:
             parts.append(f"BLEU {done.test_bleu.mean():.2f}{spread} (loss {done.final_eval_loss.mean():.3f}{n})")
         else:
             parts.append(f"{done.final_eval_loss.mean():.3f} ({done.final_eval_acc.mean():.3f}{n})")
-    parts += [f"diverged @ step {int(k)}" for k in diverged.diverged_at_step]
+    parts += [_state(r) for r in diverged.itertuples()]
     other = runs[~runs.status.isin(["completed", "diverged"])]
     parts += [str(s) for s in other.status]
     return "; ".join(parts) or "-"
@@ -189,15 +196,18 @@ def clinic_section(layers: pd.DataFrame) -> List[str]:
 
 def sweep_table(sweep_dir: Path) -> str:
     tables = collect(sweep_dir)
-    runs = tables["runs"]
-    if runs.empty:
+    if tables["runs"].empty:
         raise FileNotFoundError(f"no run folders (summary.json) under {sweep_dir}")
+    root = sweep_dir.parent if (sweep_dir / "summary.json").is_file() else sweep_dir  # what run ids start from
+    tables, counted_once = distinct_runs(with_current_status(tables, root), root)
+    runs = tables["runs"]
+    head = f"{sweep_dir}\n\n" + "".join(line + "\n" for line in [*counted_once, *without_metrics(runs, root)])
     at_init = bool((runs.steps_done.fillna(0) == 0).all()) and "output_change" in tables["metrics"]
     change = output_change_table(tables["metrics"], tables["layers"]) if at_init else None
     depths = sorted(runs.depth.unique())
     groups = ordered_groups(runs.group)
     if is_lr_sweep(runs):
-        return f"{sweep_dir}\n\n" + "\n".join(lr_section(tables))
+        return head + "\n".join(lr_section(tables))
     single = runs.decoder_depth.isna().all()  # decoder-only / encoder-only: one stack of `depth` layers
     lines = ["| group | " + " | ".join(f"{d}L" if single else f"{d}L-{d}L" for d in depths) + " |",
              "|---|" + "---|" * len(depths)]
@@ -224,10 +234,67 @@ def sweep_table(sweep_dir: Path) -> str:
                 first = runs.dropna(subset=[f"{rule}_eval_loss"]).iloc[0]
                 note += (f" Rule \"{name}\": {first[f'{rule}_eval_loss']:.3f}"
                          f" ({first[f'{rule}_eval_acc']:.3f}).")
-    text = f"{sweep_dir}\n\n" + "\n".join(lines) + ("\n\n" + note if note else "")
+    text = head + "\n".join(lines) + ("\n\n" + note if note else "")
     extra = [] if at_init else depth_law_section(runs) + cost_section(runs)
     return text + "\n".join(["", *fits_section(tables), *settings_section(runs), *extra,
                              *update_bound_section(tables), *layer_importance_section(tables)])
+
+
+def with_current_status(tables: Tables, root: Path) -> Tables:
+    """The runs whose summary says "running" as they stand: "interrupted" where no process holds
+    the folder any more (stabexp.status)."""
+    runs = tables["runs"]
+    if not (runs.status == "running").any():
+        return tables
+    status = [current_status(root / run, s) if s == "running" else s for run, s in zip(runs.run, runs.status)]
+    return Tables(tables, runs=runs.assign(status=status))
+
+
+def distinct_runs(tables: Tables, root: Path) -> Tuple[Tables, List[str]]:
+    """The tables with every config once, and the lines saying which runs were left out for
+    that: a run whose config another run under `root` also ran (a sweep folder copied, two
+    sweeps sharing a setting, a sweep run again into a new folder) is counted once, as its
+    finished copy, else the one furthest along, else the first by name."""
+    runs = tables["runs"]
+    keyed = runs.assign(config=[config_key(root / run) for run in runs.run],
+                        unfinished=~runs.status.isin(FINISHED), steps=runs.steps_done.fillna(-1))
+    keyed = keyed.sort_values(["unfinished", "steps", "run"], ascending=[True, False, True])
+    repeats = keyed[keyed.duplicated("config")]
+    if repeats.empty:
+        return tables, []
+    shown = keyed.drop_duplicates("config").set_index("config").run
+    left_out = set(repeats.run)
+    kept = Tables({name: frame[~frame.run.isin(left_out)].reset_index(drop=True) if "run" in frame else frame
+                   for name, frame in tables.items()})
+    return kept, ["Counted once (a run with the config of another run here is left out for it):",
+                  *(f"- {r.run} (same config as {shown[r.config]})" for r in repeats.sort_values("run").itertuples()), ""]
+
+
+def config_key(folder: Path) -> str:
+    """What a run computes: the config fingerprint its summary records, else its config.yaml (a
+    run of an older stabexp), else its folder (like no other)."""
+    fingerprint = (read_summary(folder) or {}).get("config_fingerprint")
+    if fingerprint:
+        return f"fingerprint {fingerprint}"
+    config = folder / "config.yaml"
+    return config.read_text() if config.is_file() else f"folder {folder}"
+
+
+def without_metrics(runs: pd.DataFrame, root: Path) -> List[str]:
+    """The line naming the runs without a metrics.csv (their cells come from summary.json alone)."""
+    missing = [run for run in runs.run if not _has_rows(root / run / "metrics.csv")]
+    return [f"Without metrics.csv (only summary.json read): {', '.join(sorted(missing))}", ""] if missing else []
+
+
+def _has_rows(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _state(run) -> str:
+    """A run's status as a cell says it."""
+    if run.status == "diverged" and pd.notna(run.diverged_at_step):
+        return f"diverged @ step {int(run.diverged_at_step)}"
+    return str(run.status)
 
 
 def settings_section(runs: pd.DataFrame) -> List[str]:
@@ -287,15 +354,24 @@ def update_bound_section(tables) -> List[str]:
     bound = tables.get("update_bound", pd.DataFrame())
     if bound.empty:
         return []
-    table = update_bound_table(update_bound_steps(tables["metrics"], bound, tables["runs"]))
-    table = _in_group_order(table, ["rank", "depth"])
+    steps = update_bound_steps(tables["metrics"], bound, tables["runs"])
+    table = _in_group_order(update_bound_table(steps), ["rank", "depth"])
+    runs = tables["runs"]
+    unmeasured = runs[runs.run.isin(set(bound.run) - set(steps.run))]
+    left_out = [f"{r.run} ({_state(r)}" + ("" if pd.notna(r.features_init_norm) else
+                                          ", no ||F(x, theta_0)|| in its summary yet") + ")"
+                for r in unmeasured.sort_values("run").itertuples()]
+    said = ["", "Left out of the bound (no finite model update measured after step 0): " + "; ".join(left_out)]
+    if table.empty:
+        return said
     return ["", "DeepNet Theorem 4.1: the bound sum_i sqrt(v_i^2 + w_i^2) / alpha ||theta_i - theta_i,0|| "
             "(operator norms; on an encoder-decoder Theorem 4.3's, the encoder's sum carried by the "
             "cross-attentions' v w / alpha_d plus the decoder's terms; probes/update_bound.py) against the measured model update relative to "
             "||F(x, theta_0)||, at steps 1, 10 and 100 (mean over seeds); over every probe step the smallest "
             "and the median bound / measured (the bound holds where min_ratio >= 1), and the smallest in the "
             "Xavier-gain reading (min_ratio_gain).", "",
-            *_markdown(table, {c: "{:.3g}" for c in table.columns if c not in ("group", "depth", "runs")})]
+            *_markdown(table, {c: "{:.3g}" for c in table.columns if c not in ("group", "depth", "runs")}),
+            *(said if left_out else [])]
 
 
 def layer_importance_section(tables) -> List[str]:

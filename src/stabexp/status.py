@@ -18,7 +18,7 @@ import yaml
 
 from stabexp.config import run_name
 from stabexp.train.checkpoint import CHECKPOINT
-from stabexp.train.files import is_locked, read_summary
+from stabexp.train.files import current_status, read_summary
 
 STATES = ("completed", "diverged", "running", "interrupted", "failed", "not started")
 
@@ -26,11 +26,7 @@ STATES = ("completed", "diverged", "running", "interrupted", "failed", "not star
 def run_state(run: Path) -> Dict:
     """status, last step written, the step a rerun resumes from, and the error if any."""
     summary = read_summary(run) or {}
-    status = summary.get("status")
-    if status is None:
-        status = "running" if is_locked(run) else "not started"
-    elif status == "running" and not is_locked(run):
-        status = "interrupted"  # killed: nobody holds its lock any more
+    status = current_status(run, summary.get("status"))
     checkpoint_step = summary.get("checkpoint_step") if (run / CHECKPOINT).exists() else None
     if status in ("completed", "diverged", "not started"):
         resumes = "-"

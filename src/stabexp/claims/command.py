@@ -11,12 +11,12 @@ judges from it and the recorded tables beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import List
 
 from stabexp.config import outputs_dir
+from stabexp.train.files import json_text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +66,7 @@ def main(argv: List[str]) -> int:
         return 2
     results = claims.evaluate_all(found, chosen)
     if args.json:
-        print(json.dumps([r.as_dict() for r in results], indent=1, ensure_ascii=False))
+        print(json_text([r.as_dict() for r in results], indent=1, ensure_ascii=False), end="")
     else:
         print(claims.markdown(results, page="docs/results.md"))
     return 0

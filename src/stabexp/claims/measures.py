@@ -20,6 +20,7 @@ a recorded one, a recorded over a cells table's.
 from __future__ import annotations
 
 import datetime
+import logging
 from pathlib import Path
 from typing import Iterable, List
 
@@ -29,7 +30,10 @@ import pandas as pd
 from stabexp.analysis import (encoder_input_change, final_max_logit, last_w2_grad, least_squares,
                               linear_and_log_fits, output_gradients, setting, smd_equilibrium, update_bound_steps)
 from stabexp.claims.registry import normal_setting
+from stabexp.errors import ConfigError
 from stabexp.plotting.collect import Tables, collect
+
+log = logging.getLogger("stabexp")
 
 KEY = ["recipe", "scale", "group", "depth", "decoder_depth", "seed", "setting"]
 RECORD_COLUMNS = KEY + ["task", "status", "date", "measure", "value"]
@@ -212,9 +216,13 @@ def _fold(root: Path, runs: pd.DataFrame) -> List[pd.DataFrame]:
         folder = root / run.run
         if run.group != "admin" or not (folder / MODEL).is_file() or run.task in ("lm",):
             continue
-        model = load_run_model(folder)
+        try:
+            model = load_run_model(folder)
+        except ConfigError as err:  # a model.pt that is not stabexp's: said, and the run skipped
+            log.warning("%s", err)
+            continue
         folded = admin_to_postln(model).eval()
-        vocab = torch.load(folder / MODEL, map_location="cpu", weights_only=True)["vocab_size"]
+        vocab = model.config.vocab_size
         tokens = torch.randint(4, vocab, (4, 2, 12), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             error = (folded(tokens[0], tokens[1]) - model(tokens[0], tokens[1])).abs().max().item()

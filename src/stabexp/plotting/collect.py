@@ -7,9 +7,15 @@ folder collected (to its parent when that folder is itself a run).
 
 from __future__ import annotations
 
-import json
+import logging
 from pathlib import Path
+
 import pandas as pd
+import yaml
+
+from stabexp.train.files import read_summary
+
+log = logging.getLogger("stabexp")
 
 # Identify a run in every table; `sweep` is the folder that holds the run folder.
 RUN_COLUMNS = ["run", "sweep", "experiment", "scale", "group", "depth", "decoder_depth", "seed",
@@ -48,9 +54,9 @@ def collect(outputs: Path) -> Tables:
     root = outputs.parent if (outputs / "summary.json").is_file() else outputs
     runs, files = [], {name: [] for name in RUN_FILES}
     for folder in find_runs(outputs):
-        try:
-            summary = json.loads((folder / "summary.json").read_text())
-        except json.JSONDecodeError:
+        summary = read_summary(folder)
+        if summary is None or not isinstance(summary, dict):
+            log.warning("skipped %s: its summary.json is not a run's summary", folder)
             continue
         run_id = str(folder.relative_to(root))
         overrides = _overrides(folder)
@@ -78,7 +84,11 @@ def collect(outputs: Path) -> Tables:
         for name, sink in files.items():
             path = folder / f"{name}.csv"
             if path.exists() and path.stat().st_size > 0:
-                frame = pd.read_csv(path)
+                try:
+                    frame = pd.read_csv(path)
+                except (ValueError, pd.errors.ParserError) as err:  # not a CSV file (or not text)
+                    log.warning("skipped %s: %s", path, str(err).splitlines()[0][:100])
+                    continue
                 for key, value in reversed(list(info.items())):
                     frame.insert(0, key, value)
                 sink.append(frame)
@@ -93,9 +103,11 @@ def _overrides(folder: Path):
     path = folder / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return None
-    from omegaconf import OmegaConf
-
-    return "__".join(sorted(str(o) for o in OmegaConf.load(path)))
+    try:
+        overrides = yaml.safe_load(path.read_text())
+    except (ValueError, yaml.YAMLError):  # not YAML (or not text)
+        return None
+    return "__".join(sorted(str(o) for o in overrides)) if isinstance(overrides, list) else None
 
 
 def write_collected(outputs: Path) -> Path:

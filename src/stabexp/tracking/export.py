@@ -11,7 +11,6 @@ start purges what its folder held), so the same command can be repeated as a swe
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -41,11 +40,11 @@ def export_run(run: Path, logdir: Optional[Path]) -> Path:
     from stabexp.config import LoggerConfig, TensorBoardLogger, with_defaults
     from stabexp.tracking import RunInfo, Trackers
     from stabexp.tracking.backends import TensorBoard
-    from stabexp.train.files import read_csv_rows
+    from stabexp.train.files import read_csv_rows, read_json
 
     cfg = with_defaults(OmegaConf.load(run / "config.yaml"))
     cfg.logger = OmegaConf.structured(LoggerConfig(tensorboard=TensorBoardLogger(dir=str(logdir) if logdir else None)))
-    summary = json.loads((run / "summary.json").read_text())
+    summary = read_json(run / "summary.json")
     backend = TensorBoard(RunInfo(cfg, run, None), cfg.logger.tensorboard)
     trackers = Trackers([backend])
     trackers.start(summary)

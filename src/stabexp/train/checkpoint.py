@@ -14,23 +14,35 @@ the model and optimiser through torch.distributed.checkpoint (`model_and_optim/`
 writes its shards under FSDP; replicated DDP tensors once), and the rest in `state.pt`,
 written by rank 0 with every rank's random streams. The folder is written as `checkpoint.tmp/`
 and renamed into place (the previous one kept as `checkpoint.old/` until then), so a kill
-leaves a whole checkpoint; it resumes on the same number of processes only.
+leaves a whole checkpoint (a kill after `checkpoint.tmp/` is whole and before the renames
+leaves that one, which the next run puts in place); it resumes on the same number of processes
+only.
+
+Nothing in a run folder is unpickled: a checkpoint holds tensors and plain data only (numbers,
+strings, lists, dicts; the random states as tensors and tuples of ints) and is read with
+torch.load(weights_only=True); the sharded one's DCP metadata through an unpickler that builds
+DCP's own metadata records and nothing else. A file planted in a shared outputs folder is
+refused in one line, never run.
 """
 
 from __future__ import annotations
 
+import io
+import pickle
 import random
 import shutil
 from pathlib import Path
 from typing import Dict, Optional
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from stabexp import distributed
 from stabexp.config import resolved
 from stabexp.errors import ConfigError
-from stabexp.atomic import sync_folder, write_atomic
+from stabexp.atomic import remove_partials, sync_folder, write_atomic
+from stabexp.train import folder
 
 CHECKPOINT = "checkpoint.pt"
 SHARDED = "checkpoint"  # K processes: a folder (model_and_optim/ by DCP, state.pt)
@@ -62,13 +74,14 @@ def save(out_dir: Path, state: Dict, model=None, optimizer=None) -> None:
     (every rank calls it): `model` and `optimizer` by DCP, `state` with each rank's random
     streams by rank 0."""
     if not distributed.active():
+        remove_partials(Path(out_dir), CHECKPOINT)  # of processes killed mid-write
         write_atomic(Path(out_dir) / CHECKPOINT, lambda f: torch.save({"format": FORMAT, **state}, f))
         return
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     out_dir = Path(out_dir)
-    tmp, final, old = out_dir / f"{SHARDED}.tmp", out_dir / SHARDED, out_dir / f"{SHARDED}.old"
+    tmp = out_dir / f"{SHARDED}.tmp"
     rngs = distributed.gather(state.pop("rng"))
     if distributed.is_rank0():
         shutil.rmtree(tmp, ignore_errors=True)
@@ -79,14 +92,21 @@ def save(out_dir: Path, state: Dict, model=None, optimizer=None) -> None:
     if distributed.is_rank0():
         meta = {"format": FORMAT, "world_size": distributed.world(), "rng": rngs, **state}
         write_atomic(tmp / "state.pt", lambda f: torch.save(meta, f))
-        if old.exists():  # left by a kill between the renames below; `final` is whole then
-            shutil.rmtree(old)
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-        sync_folder(out_dir)
+        _put_in_place(out_dir)
     distributed.barrier()
+
+
+def _put_in_place(out_dir: Path) -> None:
+    """A whole `checkpoint.tmp/` renamed to `checkpoint/`, the previous one kept as
+    `checkpoint.old/` until then (a kill between the renames leaves it, and `checkpoint/` is
+    whole then)."""
+    tmp, final, old = out_dir / f"{SHARDED}.tmp", out_dir / SHARDED, out_dir / f"{SHARDED}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    sync_folder(out_dir)
 
 
 def load_model_and_optimizer(state: Dict, model, optimizer) -> None:
@@ -97,28 +117,48 @@ def load_model_and_optimizer(state: Dict, model, optimizer) -> None:
 
     model_state, optim_state = get_state_dict(model, optimizer)  # templates, filled in place
     tensors = {"model": model_state, "optim": optim_state}
-    dcp.load(tensors, checkpoint_id=state["sharded"] / "model_and_optim")
+    reader, planner = _dcp_classes()
+    dcp.load(tensors, storage_reader=reader(state["sharded"] / "model_and_optim"), planner=planner())
     set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
 
 
 def _sharded_path(out_dir: Path) -> Optional[Path]:
-    """The sharded checkpoint folder, or the previous one when a kill fell between the renames."""
-    for name in (SHARDED, f"{SHARDED}.old"):
-        if (Path(out_dir) / name / "state.pt").exists():
-            return Path(out_dir) / name
+    """The sharded checkpoint folder: a whole `checkpoint.tmp/` (its state.pt is written last)
+    that a kill left before the renames is put in place first; else the current one, or the
+    previous one when a kill fell between the renames. Rank 0 only."""
+    out_dir = Path(out_dir)
+    if (out_dir / f"{SHARDED}.tmp" / "state.pt").exists():
+        _put_in_place(out_dir)
+    for path in (out_dir / SHARDED, out_dir / f"{SHARDED}.old"):
+        if (path / "state.pt").exists():
+            return path
     return None
+
+
+def read(path: Path) -> Dict:
+    """A file of tensors and plain data that stabexp wrote (a checkpoint, model.pt): loaded
+    with weights_only=True, and anything else refused in one line (ConfigError)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ConfigError(f"{path} holds objects other than tensors and plain data, which no file stabexp writes "
+                          f"does ({str(err).splitlines()[0][:100]}): it was not loaded; delete it (a checkpoint: "
+                          "or run with overwrite=true)") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ConfigError(f"{path} cannot be read ({str(err).splitlines()[0][:100]}): delete it (a checkpoint: "
+                          "or run with overwrite=true)") from None
 
 
 def load(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
     """The folder's checkpoint, or None when it has none; a checkpoint of another config is an
-    error (the folder name comes from the overrides, so this means the configs changed), as is
-    one written by another number of processes than this run's."""
+    error naming the keys that differ (stabexp.train.folder: keys added since it was written
+    count at their defaults), as is one written by another number of processes than this run's."""
     # What the folder holds is read by rank 0 and taken by every rank, so that all of them
     # resume (or all start) even where their views of a shared folder lag.
     path, world, grouped = Path(out_dir) / CHECKPOINT, distributed.world(), distributed.active()
     sharded = distributed.broadcast(_sharded_path(out_dir) if distributed.is_rank0() else None)
     if sharded is not None and not grouped and not path.exists():
-        written = torch.load(sharded / "state.pt", map_location="cpu", weights_only=False).get("world_size")
+        written = read(sharded / "state.pt").get("world_size")
         raise ConfigError(f"{sharded} was written by {written} processes: resume it with "
                           f"torchrun --nproc-per-node={written} -m stabexp run ... (or overwrite=true)")
     if grouped:
@@ -130,20 +170,84 @@ def load(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
         path = sharded / "state.pt"
     if not path.exists():
         return None
-    # Our own file: optimiser states and RNG states are not plain tensors.
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = read(path)
     if state.get("format") != FORMAT:
         raise ConfigError(f"{path} was written by another version of stabexp (format "
                            f"{state.get('format')}, this one reads {FORMAT}): run with overwrite=true")
-    if state["config"] != config_text(cfg):
-        raise ConfigError(f"{path} belongs to another config than this run's (the config files changed "
-                           "since it was written): run with overwrite=true to start over")
+    changes = folder.differences(yaml.safe_load(state["config"]) or {}, cfg)
+    if changes:
+        raise ConfigError(folder.refusal(path, changes, "the checkpoint of another config"))
     if grouped:
+        # DCP would read it inside a collective, which turns a refusal into every rank's traceback.
+        _dcp_classes()[0](sharded / "model_and_optim").read_metadata()
         if state["world_size"] != world:
             raise ConfigError(f"{sharded} was written by {state['world_size']} processes, this run has {world}: "
                               f"resume it with torchrun --nproc-per-node={state['world_size']} (or overwrite=true)")
         state.update(rng=state["rng"][distributed.rank()], sharded=sharded)
     return state
+
+
+def _plain_unpickler():
+    """An unpickler of DCP's metadata file (`.metadata`, which DCP writes with pickle) that
+    builds DCP's own metadata records and a few torch and pathlib types, and refuses any other
+    global: the Python documentation's "restricting globals"."""
+    from torch.distributed.checkpoint import metadata
+
+    allowed = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+               ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+               ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+    allowed |= {(metadata.__name__, name) for name in dir(metadata) if isinstance(getattr(metadata, name), type)}
+
+    class Plain(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) in allowed or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"global '{module}.{name}' is forbidden")
+
+    return Plain
+
+
+def _dcp_classes():
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+
+    class PlainReader(FileSystemReader):
+        """DCP's file reader, its metadata read by _plain_unpickler."""
+
+        def read_metadata(self, *args, **kwargs):
+            metadata_path = self._get_metadata_path(kwargs.get("rank"))
+            try:
+                with open(metadata_path, "rb") as f:
+                    meta = _plain_unpickler()(io.BytesIO(f.read())).load()
+            except pickle.UnpicklingError as err:
+                raise ConfigError(f"{metadata_path} holds objects other than DCP's metadata ({err}): it was not "
+                                  "loaded; delete the checkpoint, or run with overwrite=true") from None
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            if getattr(meta, "storage_meta", None) is None:
+                meta.storage_meta = StorageMeta()
+            meta.storage_meta.load_id = self.load_id
+            return meta
+
+    class PlainLoadPlanner(DefaultLoadPlanner):
+        """DCP's load planner, the non-tensor values (an optimiser's hyper-parameters) read with
+        weights_only=True where DCP reads them with weights_only=False."""
+
+        def load_bytes(self, read_item, value):
+            from torch.distributed.checkpoint._traverse import set_element
+
+            try:
+                loaded = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as err:
+                raise ConfigError(f"a sharded checkpoint holds objects other than plain data "
+                                  f"({str(err).splitlines()[0][:120]}): it was not loaded; run with "
+                                  "overwrite=true") from None
+            # As DefaultLoadPlanner.load_bytes, which differs in the torch.load alone.
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return PlainReader, PlainLoadPlanner
 
 
 def remove(out_dir: Path) -> None:

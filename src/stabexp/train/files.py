@@ -4,6 +4,10 @@ any moment leaves either the old file or the new one, never half of one.
 
 A run on K processes (stabexp.distributed) writes its files from rank 0 alone: the writers
 here do nothing on the other ranks, which compute the same rows.
+
+Every JSON file stabexp writes is strict JSON (`json_text`): a diverged run's NaN loss is written
+as null, with the object's `non_finite` saying which numbers those were (docs/outputs.md), since
+strict readers (JavaScript, jq, most other languages) refuse Python's NaN and Infinity.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import csv
 import fcntl
 import io
 import json
+import math
 import os
 import socket
 import time
@@ -31,13 +36,63 @@ UPDATE_BOUND = "update_bound.csv"  # DeepNet's bound on the model update, with p
 WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "peak_memory_mib",
               "peak_memory_mib_ranks", "resumed_from", "out_dir")
 LOCK = "run.lock"
+NON_FINITE = "non_finite"  # in a JSON file: the path of each number written as null -> "nan", "inf", "-inf"
+
+
+def json_text(data, **options) -> str:
+    """`data` as strict JSON (indent 2 unless `options` say otherwise). A non-finite number is
+    written as null, and the object at the top (each object of a top-level list) records it in
+    `non_finite`, {path: "nan" | "inf" | "-inf"}, the path its keys and list positions joined
+    by "." ("last_loss", "constants.rezero_alpha.0"); read_json puts it back."""
+    plain = [_recorded(item) for item in data] if isinstance(data, (list, tuple)) else _recorded(data)
+    return json.dumps(plain, allow_nan=False, **{"indent": 2, **options}) + "\n"
+
+
+def _recorded(data):
+    found: Dict[str, str] = {}
+    plain = _nulled(data, "", found)
+    if found and isinstance(plain, dict):  # added to the record of an object read back as plain JSON
+        plain[NON_FINITE] = {**plain.get(NON_FINITE, {}), **found}
+    return plain
+
+
+def _nulled(value, path: str, found: Dict[str, str]):
+    if isinstance(value, dict):
+        return {key: _nulled(v, f"{path}{key}.", found) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nulled(v, f"{path}{i}.", found) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    number = float(value)  # numpy and torch scalars too
+    if math.isfinite(number):
+        return number
+    found[path[:-1]] = "nan" if math.isnan(number) else ("inf" if number > 0 else "-inf")
+    return None
+
+
+def _put_back(value, path: str, record: Dict[str, str]):
+    if isinstance(value, dict):
+        return {key: _put_back(v, f"{path}{key}.", record) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_put_back(v, f"{path}{i}.", record) for i, v in enumerate(value)]
+    spelled = record.get(path[:-1])
+    return float(spelled) if value is None and spelled in ("nan", "inf", "-inf") else value
 
 
 def write_json(path: Path, data: Dict) -> None:
     if not is_rank0():
         return
-    text = (json.dumps(data, indent=2, default=float) + "\n").encode()
+    text = json_text(data).encode()
     write_atomic(path, lambda f: f.write(text))
+
+
+def read_json(path: Path):
+    """A JSON file as written: the numbers json_text wrote as null are NaN and inf again (and a
+    file of an older stabexp, which wrote NaN and Infinity as such, reads the same)."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict) and isinstance(data.get(NON_FINITE), dict):
+        return _put_back(data, "", data.pop(NON_FINITE))
+    return data
 
 
 def write_csv(path: Path, columns, rows) -> None:
@@ -65,8 +120,8 @@ def read_summary(out_dir: Path) -> Optional[Dict]:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
+        return read_json(path)
+    except ValueError:  # not JSON, or not text at all
         return None
 
 
@@ -92,23 +147,28 @@ class CsvLog:
             self.rows = 0
         else:
             rows, size = resume_at
-            self._check_header()
+            self.columns = self._resumed_columns()
             if self.path.stat().st_size < size:
                 raise RuntimeError(f"{self.path} is shorter ({self.path.stat().st_size} bytes) than at its "
                                    f"checkpoint ({size} bytes): it cannot be resumed")
             self.file = open(self.path, "r+", newline="")
             self.file.truncate(size)
             self.file.seek(size)
-            self.writer = csv.DictWriter(self.file, fieldnames=self.columns)
+            self.writer = csv.DictWriter(self.file, fieldnames=self.columns, extrasaction="ignore")
             self.rows = rows
         if self.file is not None:
             self.file.flush()
 
-    def _check_header(self) -> None:
+    def _resumed_columns(self) -> List[str]:
+        """The file's own columns: a run started by an older stabexp, resumed by a newer one
+        that writes columns more (a probe added since), goes on in the file's columns, and the
+        file stays one table, as the older version writes it."""
         with open(self.path, newline="") as f:
             header = next(csv.reader(f), None)
-        if header != self.columns:
-            raise RuntimeError(f"{self.path} has columns {header}, this run writes {self.columns}")
+        if not header or header[0] != self.columns[0]:
+            raise RuntimeError(f"{self.path} has columns {header}, this run writes {self.columns}: it cannot "
+                               "be resumed")
+        return header
 
     def write(self, rows) -> None:
         self.rows += len(rows)
@@ -216,3 +276,14 @@ def is_locked(out_dir: Path) -> bool:
             return True
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
     return False
+
+
+def current_status(run: Path, recorded: Optional[str]) -> str:
+    """A run folder's status as it stands: the one its summary records (`recorded`), but
+    "interrupted" for a recorded "running" that no process holds; without a summary, running
+    (a process holds the folder) or not started."""
+    if recorded is None:
+        return "running" if is_locked(run) else "not started"
+    if recorded == "running" and not is_locked(run):
+        return "interrupted"  # killed: nobody holds its lock any more
+    return recorded

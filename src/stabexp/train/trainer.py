@@ -21,10 +21,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from stabexp import distributed, memory
-from stabexp.config import resolved, validate, validate_world
+from stabexp.config import ConfigError, resolved, validate, validate_world
 from stabexp.data import Task, make_task
-from stabexp.train import checkpoint
-from stabexp.atomic import write_atomic
+from stabexp.train import checkpoint, folder
+from stabexp.atomic import remove_partials, write_atomic
 from stabexp.train.files import SUMMARY, RunLock, RunLocked, read_summary, write_json
 from stabexp.train.recording import group_name
 from stabexp.train.run import Run, check_parallel, device_of
@@ -35,12 +35,15 @@ from stabexp.tracking import Trackers
 log = logging.getLogger("stabexp")
 
 FINISHED = ("completed", "diverged")
+ERROR = "error.txt"  # the traceback of a failed run
 
 
 def train(cfg: DictConfig, out_dir) -> Dict:
     """Run one experiment; return its summary (also written to out_dir/summary.json).
 
-    A run that is already finished in out_dir is left untouched unless cfg.overwrite is set; an
+    A folder holding a run of another config is refused (ConfigError naming the keys that
+    differ; stabexp.train.folder) unless cfg.overwrite is set, which replaces that run. A run
+    that is already finished in out_dir is left untouched unless cfg.overwrite is set; an
     unfinished one with a checkpoint is resumed from it. The task is built first, so bad data
     (a ConfigError) stops the run before anything is written. One process per folder: a second
     one raises RunLocked. A diverged run is a result (status "diverged"); a run asked to stop
@@ -50,11 +53,11 @@ def train(cfg: DictConfig, out_dir) -> Dict:
     On K processes (stabexp.distributed) every rank calls it; rank 0 reads the folder, holds
     the lock and writes, and the others follow its decisions.
     """
-    validate(cfg)
-    validate_world(cfg, distributed.world(), distributed.active())
-    tracking.check(cfg)
+    check(cfg)
     out_dir = Path(out_dir)
     done = distributed.broadcast(_finished(out_dir, cfg) if distributed.is_rank0() else None)
+    if isinstance(done, str):
+        raise ConfigError(done)
     if done:
         return done
     if cfg.train.threads:
@@ -65,11 +68,15 @@ def train(cfg: DictConfig, out_dir) -> Dict:
     claim = distributed.broadcast(_claim(lock, out_dir, cfg) if distributed.is_rank0() else None)
     if isinstance(claim, str):
         raise RunLocked(claim)
+    if "refused" in claim:
+        raise ConfigError(claim["refused"])
     try:
         if claim:  # finished by the process that held the lock before us
             return claim
         if cfg.overwrite:
             checkpoint.remove(out_dir)
+            if distributed.is_rank0():
+                folder.clear(out_dir)
         distributed.barrier()
         state = checkpoint.load(out_dir, cfg)
         summary = _new_summary(cfg, out_dir) if state is None else _resumed_summary(state, out_dir)
@@ -88,7 +95,7 @@ def train(cfg: DictConfig, out_dir) -> Dict:
                            wall_seconds=time.perf_counter() - start)
             try:  # the error itself may be a full disk: record what can be, raise the original
                 if distributed.is_rank0():
-                    write_atomic(out_dir / "error.txt", lambda f: f.write(traceback.format_exc().encode()))
+                    write_atomic(out_dir / ERROR, lambda f: f.write(traceback.format_exc().encode()))
                 write_json(out_dir / SUMMARY, summary)
             except OSError as cannot_record:
                 log.error("could not record the failure in %s: %s", out_dir, cannot_record)
@@ -96,11 +103,22 @@ def train(cfg: DictConfig, out_dir) -> Dict:
         finally:
             trackers.finish(summary, out_dir)
         write_json(out_dir / SUMMARY, summary)
+        if distributed.is_rank0():
+            (out_dir / ERROR).unlink(missing_ok=True)  # of an earlier attempt: this one finished
         distributed.barrier()
         checkpoint.remove(out_dir)
         return summary
     finally:
         lock.release()
+
+
+def check(cfg: DictConfig) -> None:
+    """What must hold before a run touches its folder (ConfigError): a valid config for this
+    many processes, its trackers, a batch that can fit in the memory here."""
+    validate(cfg)
+    validate_world(cfg, distributed.world(), distributed.active())
+    tracking.check(cfg)
+    memory.check_fits(cfg, device_of(cfg.train.device))
 
 
 def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task,
@@ -149,7 +167,12 @@ def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task:
     return run.result
 
 
-def _finished(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
+def _finished(out_dir: Path, cfg: DictConfig):
+    """The summary of the folder's finished run of this config (None: none, or overwrite), or
+    the one line refusing a folder that holds a run of another config."""
+    refused = folder.refused(out_dir, cfg)
+    if refused:
+        return refused
     previous = read_summary(out_dir)
     if previous and previous.get("status") in FINISHED and not cfg.overwrite:
         log.info("already %s, left as is: %s (overwrite=true runs it again)", previous["status"], out_dir)
@@ -159,14 +182,19 @@ def _finished(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
 
 def _claim(lock: RunLock, out_dir: Path, cfg: DictConfig):
     """Rank 0 takes the folder's lock: the message of the process that holds it (a str), the
-    summary of a run finished meanwhile, or {} to go on."""
+    summary of a run finished meanwhile, {"refused": why} for a run of another config started
+    meanwhile, or {} to go on."""
     try:
         lock.acquire()
     except RunLocked as err:
         return str(err)
     done = _finished(out_dir, cfg)
+    if isinstance(done, str):  # another config's run, started meanwhile
+        lock.release()
+        return {"refused": done}
     if done:
         return done
+    remove_partials(out_dir)  # temp files of writers killed mid-write: the folder is ours now
     if lock.previous_holder:
         log.warning("took over the lock of %s, which is no longer running", lock.previous_holder)
     return {}
@@ -183,6 +211,8 @@ def _new_summary(cfg: DictConfig, out_dir: Path) -> Dict:
             if cfg.model.arch == "transformer" else None,
             "seed": cfg.seed, "model": cfg.model.name, "d_model": cfg.model.d_model,
             "task": cfg.task.name, "steps": cfg.train.steps, "out_dir": str(out_dir),
+            # Whose folder this is (stabexp.train.folder): the config's and the code's.
+            "config_fingerprint": folder.fingerprint(cfg), "code_versions": [folder.code_version()],
             **({"parallel": cfg.train.parallel, "world_size": distributed.world()}
                if cfg.train.parallel != "none" else {})}
 
@@ -190,5 +220,8 @@ def _new_summary(cfg: DictConfig, out_dir: Path) -> Dict:
 def _resumed_summary(state: Dict, out_dir: Path) -> Dict:
     summary = dict(state["summary"], status="running")
     summary["resumed_from"] = [*summary.get("resumed_from", []), state["step"]]
+    versions = summary.get("code_versions") or ["unrecorded"]  # started before versions were kept
+    if versions[-1] != folder.code_version():  # resumed by another version
+        summary["code_versions"] = [*versions, folder.code_version()]
     log.info("resuming %s from its checkpoint at step %d", out_dir, state["step"])
     return summary
