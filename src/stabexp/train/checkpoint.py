@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Dict, Optional
@@ -141,9 +142,10 @@ def read(path: Path) -> Dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        raise ConfigError(f"{path} holds objects other than tensors and plain data, which no file stabexp writes "
-                          f"does ({str(err).splitlines()[0][:100]}): it was not loaded; delete it (a checkpoint: "
-                          "or run with overwrite=true)") from None
+        found = re.search(r"(?:Unsupported global: GLOBAL|Unsupported operand|global) '?([\w.]+)", str(err))
+        raise ConfigError(f"{path} holds objects other than tensors and plain data "
+                          f"({found.group(1) if found else 'not a plain value'}), which no file stabexp writes "
+                          "does: it was not loaded; delete it (a checkpoint: or run with overwrite=true)") from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise ConfigError(f"{path} cannot be read ({str(err).splitlines()[0][:100]}): delete it (a checkpoint: "
                           "or run with overwrite=true)") from None

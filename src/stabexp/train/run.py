@@ -156,7 +156,7 @@ class Run:
         summary["precision"] = t.precision
         # What else moves the last digits: the order in which a sum is split over threads (a run
         # on 1 and on 2 threads part at the fourth step), and the torch build.
-        summary["threads"], summary["torch"] = torch.get_num_threads(), torch.__version__
+        summary["threads"], summary["torch"] = torch.get_num_threads(), str(torch.__version__)
         summary["optim"] = {"name": o.name, "lr": t.lr, "weight_decay": o.weight_decay,
                             "momentum": o.momentum, "beta1": o.betas[0], "decay_on": o.decay_on}
         name, weight_decay = torch_form(o.name, o.weight_decay, t.lr)
