@@ -295,3 +295,12 @@ def test_a_full_disk_is_said_as_such(make_cfg, tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left on device: .*checkpoint.pt was not written") as err:
         trainer.train(make_cfg("group=postln", "train.checkpoint_every=2"), tmp_path / "run")
     assert err.value.errno == errno.ENOSPC
+
+
+def test_the_processes_of_one_run_refuse_together(make_cfg, monkeypatch):
+    """The memory check reads each process's own memory: when one refuses, all raise its line."""
+    from stabexp import distributed
+
+    monkeypatch.setattr(distributed, "gather", lambda obj: [obj, "train.batch_size=8 is not allowed here: rank 1"])
+    with pytest.raises(ConfigError, match="rank 1"):
+        trainer.check(make_cfg("group=postln"))

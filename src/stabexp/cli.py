@@ -46,7 +46,7 @@ def _job_ended(out_dir: Path, why: str, hydra_cfg, err: Optional[BaseException] 
     """A sweep's job that did not finish: one line now, a line in the sum at the end, and on a
     launcher that runs jobs in other processes (joblib, submitit) the error raised for it to
     report, which it does once every job has run."""
-    log.error("job %s %s", out_dir.name, why)
+    log.error("job %s %s", out_dir.name, why, exc_info=err)  # the traceback: terminal and the job's log
     _unfinished.append((out_dir, why))
     if "BasicLauncher" not in str(hydra_cfg.launcher.get("_target_", "")):
         raise RuntimeError(f"{out_dir}: {why}") from err
@@ -58,7 +58,7 @@ def _hydra_main():
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
     def run(cfg) -> None:
-        from stabexp.train.trainer import check, train
+        from stabexp.train.trainer import check, finished, train
 
         from stabexp.train.files import RunLocked
         from stabexp.train.stop import RunStopped
@@ -85,7 +85,7 @@ def _hydra_main():
             refused = distributed.broadcast(folder.refused(out_dir, cfg) if distributed.is_rank0() else None)
             if refused:
                 raise ConfigError(refused)
-            if distributed.is_rank0() and hydra_cfg.output_subdir is None:
+            if distributed.is_rank0() and hydra_cfg.output_subdir is None and not finished(out_dir, cfg):
                 folder.write_hydra_record(out_dir, cfg)
             summary = train(cfg, out_dir)
         except ConfigError as err:
@@ -106,10 +106,9 @@ def _hydra_main():
                 file=sys.stderr)
             sys.exit(128 + stop.signum)
         except Exception as err:
-            if not in_sweep:
+            if not in_sweep or distributed.world() > 1:  # K processes stop together (torchrun ends them)
                 raise
-            _job_ended(out_dir, f"failed: {type(err).__name__}: {err} (traceback in {out_dir / 'error.txt'})",
-                       hydra_cfg, err)
+            _job_ended(out_dir, f"failed: {type(err).__name__}: {err}", hydra_cfg, err)
             return
         eval_loss, bleu = summary.get("final_eval_loss"), summary.get("test_bleu")
         log.info("%s: %s after %s steps, eval loss %s%s, results in %s", summary["group"],

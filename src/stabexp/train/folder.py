@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from stabexp.atomic import write_atomic
 from stabexp.config import ConfigError, project_root, resolved, with_defaults
 
 CONFIG = "config.yaml"
@@ -175,4 +176,5 @@ def write_hydra_record(out_dir: Path, cfg: DictConfig) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_cfg),
                        ("overrides.yaml", hydra_cfg.hydra.overrides.task)):
-        (folder / name).write_text(OmegaConf.to_yaml(node))
+        text = OmegaConf.to_yaml(node).encode()
+        write_atomic(folder / name, lambda f: f.write(text))

@@ -114,11 +114,20 @@ def train(cfg: DictConfig, out_dir) -> Dict:
 
 def check(cfg: DictConfig) -> None:
     """What must hold before a run touches its folder (ConfigError): a valid config for this
-    many processes, its trackers, a batch that can fit in the memory here."""
-    validate(cfg)
-    validate_world(cfg, distributed.world(), distributed.active())
-    tracking.check(cfg)
-    memory.check_fits(cfg, device_of(cfg.train.device))
+    many processes, its trackers, a batch that can fit in the memory here. On K processes
+    every rank checks (the memory is each one's own) and all raise the first rank's refusal,
+    so that they go on, or stop, together."""
+    try:
+        validate(cfg)
+        validate_world(cfg, distributed.world(), distributed.active())
+        tracking.check(cfg)
+        memory.check_fits(cfg, device_of(cfg.train.device))
+        refusal = None
+    except ConfigError as err:
+        refusal = str(err)
+    refusals = [r for r in distributed.gather(refusal) if r]
+    if refusals:
+        raise ConfigError(refusals[0])
 
 
 def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task,
@@ -173,11 +182,17 @@ def _finished(out_dir: Path, cfg: DictConfig):
     refused = folder.refused(out_dir, cfg)
     if refused:
         return refused
-    previous = read_summary(out_dir)
-    if previous and previous.get("status") in FINISHED and not cfg.overwrite:
+    previous = finished(out_dir, cfg)
+    if previous:
         log.info("already %s, left as is: %s (overwrite=true runs it again)", previous["status"], out_dir)
-        return previous
-    return None
+    return previous
+
+
+def finished(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
+    """The summary of the folder's finished run, which this one leaves as it is; None when it
+    has none (or overwrite replaces it)."""
+    previous = read_summary(out_dir)
+    return previous if previous and previous.get("status") in FINISHED and not cfg.overwrite else None
 
 
 def _claim(lock: RunLock, out_dir: Path, cfg: DictConfig):
@@ -203,7 +218,8 @@ def _claim(lock: RunLock, out_dir: Path, cfg: DictConfig):
 def _new_summary(cfg: DictConfig, out_dir: Path) -> Dict:
     if distributed.is_rank0():
         # Without the trackers: where a run is watched is not what it ran (the same file either way).
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(resolved(cfg))))
+        text = OmegaConf.to_yaml(OmegaConf.create(resolved(cfg))).encode()
+        write_atomic(out_dir / folder.CONFIG, lambda f: f.write(text))  # whose folder it is
     return {"status": "running", "experiment": cfg.experiment or None, "scale": cfg.scale,
             "group": group_name(cfg), "arch": cfg.model.arch, "depth": cfg.depth,
             # A single-stack model has `depth` layers and no second stack.
