@@ -232,7 +232,7 @@ def _dcp_classes():
 
     class PlainLoadPlanner(DefaultLoadPlanner):
         """DCP's load planner, the non-tensor values (an optimiser's hyper-parameters) read with
-        weights_only=True where DCP reads them with weights_only=False."""
+        weights_only=True, where DCP's own planner unpickles them in full."""
 
         def load_bytes(self, read_item, value):
             from torch.distributed.checkpoint._traverse import set_element
