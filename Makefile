@@ -27,6 +27,7 @@ SCALE   ?= default
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "Installing stabexp (editable) and its dependencies into $(VENV): a few minutes the first time"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
@@ -39,7 +40,8 @@ run: install
 	$(BIN)/stabexp report "$${STABEXP_OUTPUTS:-outputs}/multirun/experiment=deepnet_early"
 	@echo "Run folders: $${STABEXP_OUTPUTS:-outputs}/multirun/experiment=deepnet_early/ ; figures: outputs/figures/"
 
-# Every preset (about 9 h 20 min on 2 cores at the default scale, docs/presets.md), then every figure.
+# Every preset (about 36 h on 2 cores at the default scale, 21 h of it estimated: each preset's
+# `# cost:` line, summed by `python -m stabexp.presets`; docs/presets.md), then every figure.
 reproduce: install
 	for p in $(PRESETS); do \
 	  $(BIN)/stabexp run experiment=$$p $(if $(filter-out default,$(SCALE)),scale=$(SCALE)) || exit 1; \
@@ -75,6 +77,8 @@ test-fast:
 plots: install
 	$(BIN)/python scripts/make_plots.py
 
-# Speed and memory against a plain torch.nn.Transformer loop (about 20 min on 2 cores).
+# Speed and memory against a plain torch.nn.Transformer loop: the two commands of
+# docs/benchmarks.md's synthetic table (their times are written beside them there).
 bench: install
-	$(BIN)/stabexp bench
+	$(BIN)/stabexp bench --sizes tiny --repeats 7 --steps 10 --out outputs/bench/tiny.json
+	$(BIN)/stabexp bench --sizes small --repeats 3 --steps 5 --out outputs/bench/small.json

@@ -176,9 +176,16 @@ def test_the_python_examples_run_on_a_sweep_of_real_runs(make_cfg, tmp_path, mon
                 for b in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)]
     assert len(examples) >= 2
     for code in examples:
-        exec(compile(code, "<docs>", "exec"), {})
-    out = capsys.readouterr().out
+        scope = {}
+        exec(compile(code, "<docs>", "exec"), scope)
+        out = capsys.readouterr().out
+        # What an example prints is checked, not only that it runs: no table comes out empty.
+        assert "Empty DataFrame" not in out and "Series([]" not in out, out
     assert "deepnorm" in out and "| group |" in out
+    # api.md's gradient rows at step 1: every decoder layer of both groups' runs.
+    step_1 = scope["step_1"]
+    assert set(step_1["stack"]) == {"decoder"} and set(step_1["group"]) == {"postln", "deepnorm"}
+    assert sorted(set(step_1["layer"])) == list(range(1, scope["sweep"].runs["depth"].iloc[0] + 1))
     # outputs.md's export example, on the run its commands make.
     from stabexp import export
 
@@ -204,3 +211,86 @@ def test_the_verdict_tables_are_what_stabexp_claims_computes():
         assert text.count(module.BEGIN) == 1 and text.count(module.END) == 1, page
         shown = text.split(module.BEGIN, 1)[1].split(module.END, 1)[0].strip("\n")
         assert shown == table, f"{page.name}: run python scripts/claims_tables.py"
+
+
+def _page_modules(page: Path) -> dict:
+    """The page's Python blocks that start with `# NAME.py`: the modules it tells a user to write."""
+    found = {}
+    for code in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M):
+        first = code.splitlines()[0]
+        if re.fullmatch(r"# \w+\.py", first):
+            found[first[2:-3]] = code
+    return found
+
+
+@pytest.mark.parametrize("overrides, check", [
+    (["group=preln", "group.residual=mylab_norms.PeriLN"], lambda s: s["group"] == "preln"),
+    (["group.init=mylab_init.small_embeddings"], lambda s: s["constants"]["small_embeddings"] == {"factor": 0.5}),
+    (["task=reverse", "task.kind=mylab_tasks.CopyTask"], lambda s: s["final_eval_loss"] is not None),
+    (["optim.name=mylab_optim.nesterov"], lambda s: s["optim"]["name"] == "mylab_optim.nesterov"),
+], ids=["placement", "init", "task", "optimiser"])
+def test_the_plugin_examples_run_as_written(stabexp_main, tmp_path, monkeypatch, overrides, check):
+    """docs/plugins.md's modules, written out as the page shows them, each named on the command line
+    of a short run that completes (the optimiser's with the default optim, which sets no momentum)."""
+    import json
+
+    from conftest import TINY
+
+    modules = _page_modules(ROOT / "docs" / "plugins.md")
+    assert set(modules) == {"mylab_norms", "mylab_init", "mylab_tasks", "mylab_optim"}
+    for name, code in modules.items():
+        (tmp_path / f"{name}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = stabexp_main("run", *TINY, *overrides, "hydra.run.dir=" + str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and check(summary), summary
+
+
+def test_the_readme_glob_sweep_says_how_many_groups_it_runs():
+    """The README's and configuration.md's `glob(*, exclude=[...])` sweep: the count in its comment
+    is the groups Hydra's glob picks from conf/group."""
+    from fnmatch import fnmatch
+
+    groups = sorted(p.stem for p in (ROOT / "conf" / "group").glob("*.yaml"))
+    lines = [c for _, c, _ in COMMANDS if "glob(*,exclude=" in c]
+    assert lines
+    for line in lines:
+        excluded = re.search(r"exclude=\[([^\]]*)\]", line).group(1).split(",")
+        picked = [g for g in groups if not any(fnmatch(g, pattern) for pattern in excluded)]
+        assert f"# {len(picked)} encoder-decoder groups" in line, (line, picked)
+
+
+def test_each_preset_cost_is_written_once():
+    """A preset's cost is its file's `# cost:` line: `stabexp list` prints it, presets.md's table
+    shows the same text, and the README and the Makefile give make reproduce as their sum."""
+    from stabexp.presets import cost, reproduce_presets, total
+
+    presets = {p.stem: p for p in sorted((ROOT / "conf" / "experiment").glob("*.yaml"))}
+    table = {}
+    for line in (ROOT / "docs" / "presets.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == 4 and cells[0].strip("`") in presets:
+            table[cells[0].strip("`")] = cells[3]
+    assert set(table) == set(presets)
+    for name, path in presets.items():
+        assert cost(path) is not None, f"{path.name} has no # cost: line"
+        assert table[name] == cost(path).text, name
+    names = reproduce_presets(ROOT / "Makefile")
+    assert sorted(names) == sorted(presets)
+    summed = total([presets[n] for n in names])
+    hours = re.match(r"about (\d+ h)", summed.text).group(1)
+    for page in (ROOT / "README.md", ROOT / "Makefile", ROOT / "docs" / "presets.md"):
+        text = page.read_text().replace("**", "")
+        said = re.findall(r"about (\d+ h)(?: \d+ min)? on (?:this project's )?2[- ]", text)
+        assert said == [hours], (page.name, said, summed.text)
+
+
+def test_make_bench_runs_the_benchmark_commands_the_docs_time():
+    """`make bench` is the commands whose times docs/benchmarks.md writes beside them (one source
+    for its cost)."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\nbench: install\n", 1)[1].split("\n\n", 1)[0]
+    commands = [line.strip().replace("$(BIN)/", "") for line in recipe.splitlines() if line.strip()]
+    shown = {c.split("#")[0].strip() for _, c, _ in COMMANDS}
+    assert commands and all(c in shown for c in commands), commands

@@ -140,7 +140,7 @@ def test_a_second_load_reads_the_files_without_datasets(make_cfg, saved_dataset,
     # A folder saved anew is a new source (its fingerprint changed): that one needs `datasets`.
     (saved_dataset / "dataset_dict.json").touch()
     os.utime(saved_dataset / "dataset_dict.json", ns=(1, 1))
-    with pytest.raises(ConfigError, match=r'pip install "stabexp\[hf\]"'):
+    with pytest.raises(ConfigError, match=r"make install EXTRAS=hf in a checkout, or pip install"):
         load_corpus(cfg)
 
 
@@ -259,11 +259,32 @@ def test_a_config_picks_its_files(make_cfg, two_configs):
 @pytest.mark.parametrize("args, words", [
     (_overrides("nobody/no-such-dataset"), ["task.hf_dataset=nobody/no-such-dataset", "cannot be loaded",
                                             "Couldn't reach", "OfflineModeIsEnabled"]),
-    (["task=wmt14_en_de"], ["task.hf_dataset=wmt/wmt14", "cannot be loaded", "Couldn't reach"]),
+    (["task=wmt14_en_de"], ["task.hf_dataset=wmt/wmt14", "cannot be loaded", "Couldn't reach",
+                            "HF_HUB_OFFLINE is set"]),
     (_overrides("not/a/hub/id"), ["task.hf_dataset=not/a/hub/id", "neither a folder nor a dataset id"]),
 ], ids=["unknown-id", "preset-offline", "not-an-id"])
 def test_a_dataset_that_cannot_be_reached_is_one_line(stabexp_main, args, words):
     _fails_in_one_line(stabexp_main, args, *words)
+
+
+def test_a_hub_out_of_reach_fails_at_once(stabexp_main, monkeypatch):
+    """Without a network (and without HF_HUB_OFFLINE) the hub's client retries for half a minute
+    before it gives up: the hub is tried once, load_dataset never, and the line says what to set."""
+    import socket
+
+    import datasets
+    import huggingface_hub.constants
+
+    with socket.socket() as closed:  # a port of this machine that nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)  # a proxy would be tried instead of the port
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("load_dataset was tried"))
+    _fails_in_one_line(stabexp_main, ["task=wmt14_en_de"], "task.hf_dataset=wmt/wmt14", "cannot be reached",
+                       f"127.0.0.1:{port}", "HF_HUB_OFFLINE=1")
 
 
 def test_a_dataset_with_a_loading_script_is_one_line(stabexp_main, tmp_path):
@@ -277,5 +298,5 @@ def test_a_dataset_with_a_loading_script_is_one_line(stabexp_main, tmp_path):
 def test_a_missing_datasets_package_is_one_line(stabexp_main, saved_dataset, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
     line = _fails_in_one_line(stabexp_main, _overrides(saved_dataset), f"task.hf_dataset={saved_dataset}",
-                              'pip install "stabexp[hf]"')
+                              "make install EXTRAS=hf", 'pip install "datasets>=')
     assert "not installed" in line

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from stabexp.config import ConfigError, ProbeConfig, outputs_dir
 from stabexp.train.files import json_text
 from stabexp.memory import peak_rss_kib, reset_peak_rss_kib
+from stabexp.terminal import Counter
 
 GROUPS = ("postln", "deepnorm", "admin")
 SIZES = {"tiny": (64, 128, 2), "small": (256, 1024, 4), "base": (512, 2048, 8)}
@@ -153,7 +154,7 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_speed(size: str, depth: int, steps: int, repeats: int, task: List[str],
-                  device: torch.device, seed: int = 0, variants: List[str] = ()) -> Dict[str, Dict]:
+                  device: torch.device, seed: int = 0, variants: List[str] = (), counter=None) -> Dict[str, Dict]:
     """Seconds per step and per target token of every variant, interleaved windows; medians of
     paired ratios (in tokens per second, so that windows of different batches compare)."""
     every = ProbeConfig().every  # the default probe period: a window of (c) holds whole periods
@@ -167,6 +168,8 @@ def measure_speed(size: str, depth: int, steps: int, repeats: int, task: List[st
             loop.step(1)
             loop.step(2)
             next_step[v] = 3
+            if counter:
+                counter.update()
         per_step = {v: [] for v in loops}
         per_token = {v: [] for v in loops}
         for _ in range(repeats):
@@ -182,6 +185,8 @@ def measure_speed(size: str, depth: int, steps: int, repeats: int, task: List[st
                 per_step[v].append(elapsed / n)
                 per_token[v].append(elapsed / (loop.task.target_tokens - tokens_before))
                 next_step[v] = first + n
+                if counter:  # outside the timed window
+                    counter.update()
         for loop in loops.values():
             if hasattr(loop, "close"):
                 loop.close()
@@ -235,8 +240,14 @@ def run_bench(sizes, depths, steps, repeats, task_name: str, batch_size: int, ma
         for depth in depths:
             t0 = time.perf_counter()
             chosen = list(variants or variant_names())
-            speed = measure_speed(size, depth, steps, repeats, task, device, variants=chosen)
-            mem = {v: measure_memory(v, size, depth, task, device, window=3) for v in chosen} if memory else {}
+            # Each variant's warm-up, its timed windows and its memory process.
+            counter = Counter(len(chosen) * (1 + repeats + memory), f"{size} {depth}L-{depth}L")
+            speed = measure_speed(size, depth, steps, repeats, task, device, variants=chosen, counter=counter)
+            mem = {}
+            for v in chosen if memory else ():
+                mem[v] = measure_memory(v, size, depth, task, device, window=3)
+                counter.update()
+            counter.close()
             for v in chosen:
                 rows.append({"size": size, "depth": depth, "variant": v, **speed[v],
                              "peak_mib": mem.get(v),

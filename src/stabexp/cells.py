@@ -1,9 +1,10 @@
 """The finished cells of long sweeps, kept as a small tidy table in the repository.
 
-A sweep of many CPU-hours outlives no machine: outputs/ is not kept. What the figures and the
-results page need of it is one row per finished run (its group, depth, seed, setting, final
-numbers, cost and date), small enough to commit under docs/data/ and to grow cell by cell as
-sittings finish more runs, with the runs' validation curves beside it (NAME_curves.csv).
+A sweep of many CPU-hours can outlast the machine it started on, and outputs/ is not kept.
+What the figures and the results page need of it is one row per finished run (its group, depth,
+seed, setting, final numbers, cost and date), small enough to commit under docs/data/ and to
+grow cell by cell as more runs finish, with the runs' validation curves beside it
+(NAME_curves.csv).
 `record` adds or replaces the rows of the runs under some sweep folders;
 `scripts/record_cells.py` is its command line.
 

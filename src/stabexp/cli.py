@@ -21,13 +21,16 @@ from stabexp.preflight import config_files, flags_first, make_folder, preflight,
 log = logging.getLogger("stabexp")
 
 USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one run, or a sweep with -m
-       stabexp list [--config-dir DIR]                     the control groups and experiment presets
+       stabexp list [--config-dir DIR]                     the control groups and experiment presets, with their cost
        stabexp status [SWEEP_DIR]                          every run of a sweep: completed, running, ...
        stabexp report [SWEEP_DIR]                          a sweep as a markdown table (group x depth)
        stabexp claims [PATH ...] [--json] [--record FILE]  every paper claim's verdict, computed from the runs
        stabexp bench [--sizes tiny,small] [--depths 6,18,50]  speed and memory against torch.nn.Transformer
        stabexp export RUN_FOLDER [OUT_FILE]                an Admin run's final weights as a Post-LN model
        stabexp export-tensorboard SWEEP_DIR [--logdir DIR] finished run folders as TensorBoard event files
+       stabexp --version                                   stabexp's version, torch's and Python's
+Shell completion of run's overrides (bash; zsh through bashcompinit):
+  eval "$(stabexp run -sc install=bash)"
 Examples:
   stabexp run group=postln depth=18
   stabexp run -m group=postln,postln_warmup depth=6,18
@@ -217,13 +220,23 @@ def _cmd_run(args: List[str], checked=None) -> int:
 
 
 def _preset_description(path: Path) -> str:
-    """The first comment line of a preset file after `# @package`: what it reproduces, its cost."""
+    """The first comment line of a preset file after `# @package`: what it reproduces."""
     lines = [line[1:].strip() for line in path.read_text().splitlines()
              if line.startswith("#") and "@package" not in line]
     return lines[0] if lines else ""
 
 
+LIST_USAGE = """usage: stabexp list [--config-dir DIR]
+  the control groups (group=NAME), the experiment presets (experiment=NAME) with what each costs,
+  and the plug-ins found; --config-dir adds a folder of your own groups and presets"""
+
+
 def cmd_list(args: List[str] = ()) -> int:
+    from stabexp.presets import cost
+
+    if {"-h", "--help"} & set(args):
+        print(LIST_USAGE)
+        return 0
     try:
         user_dirs = user_config_dirs(list(args))
     except ConfigError as err:
@@ -247,6 +260,9 @@ def cmd_list(args: List[str] = ()) -> int:
     print("\nExperiment presets (stabexp run experiment=NAME [scale=quick]; all: make reproduce):")
     for path in presets:
         print(f"  {path.stem:<{width}}  {_preset_description(path)}")
+        measured = cost(path)
+        if measured is not None:
+            print(f"  {'':<{width}}  cost: {measured.text}")
     # Plug-ins (docs/plugins.md): other packages' entry points, read without importing them,
     # and the groups whose placement or init rule is a dotted path to a user's module.
     from stabexp import plugins
@@ -273,11 +289,70 @@ def cmd_list(args: List[str] = ()) -> int:
     return 0
 
 
+def version_line() -> str:
+    import platform
+
+    import torch
+
+    from stabexp.train.folder import code_version
+
+    return f"stabexp {code_version()} (torch {torch.__version__}, Python {platform.python_version()})"
+
+
+COMMANDS = ("run", "list", "status", "report", "claims", "bench", "export", "export-tensorboard")
+COMPLETION = ("-sc", "--shell-completion")
+
+
+def complete(args: List[str]) -> int:
+    """Hydra's shell completion under a subcommand. Its installed script asks `stabexp -sc
+    query=bash` with the line typed so far in COMP_LINE: the subcommand's name is completed here,
+    and `run`'s overrides by Hydra on the line without `run` (Hydra reads every word after the
+    program's name as an override)."""
+    import os
+
+    line = os.environ.get("COMP_LINE", "")
+    words = line.split()
+    if not any(a.startswith("query=") for a in args):
+        return _hydra_completion(args)  # install= / uninstall=: Hydra prints the script
+    typing_command = len(words) == 1 or (len(words) == 2 and not line.endswith(" "))
+    if typing_command:
+        typed = words[1] if len(words) == 2 else ""
+        print(" ".join(c for c in COMMANDS if c.startswith(typed)))
+        return 0
+    if words[1] != "run":
+        return 0
+    os.environ["COMP_LINE"] = " ".join([words[0], *words[2:]]) + (" " if line.endswith(" ") else "")
+    return _hydra_completion(args)
+
+
+def _hydra_completion(args: List[str]) -> int:
+    sys.argv = ["stabexp", *args]
+    _hydra_main()()
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The console script: a reader that stops early (`stabexp list | head -2`) ends the output,
+    not the command: a run goes on to its end, writing its files, and the exit code is its own."""
+    from stabexp.terminal import quiet_when_closed, stdout_closed
+
+    with quiet_when_closed():
+        try:
+            return _main(sys.argv[1:] if argv is None else argv)
+        except BrokenPipeError:
+            stdout_closed()
+            return 0
+
+
+def _main(argv: List[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE.format(outputs=outputs_dir()))
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(version_line())
+        return 0
+    if argv[0] in COMPLETION or (argv[0] == "run" and set(COMPLETION) & set(argv[1:])):
+        return complete([a for a in argv if a != "run"])
     command, rest = argv[0], argv[1:]
     if command == "run":
         return cmd_run(rest)

@@ -194,8 +194,8 @@ class TaskConfig:
     max_len_b: int = 10        # included) + max_len_b tokens, as fairseq's --max-len-a/-b
     bleu: bool = True          # false: no valid_bleu and no test translations (losses only),
                                # for runs too short or too big for decoding to mean anything
-    # translation from a Hugging Face dataset (the `datasets` package, `pip install
-    # stabexp[hf]`; data/hf.py): its splits are written as {split}.{lang} files once and then
+    # translation from a Hugging Face dataset (the `datasets` package, the hf extra;
+    # data/hf.py): its splits are written as {split}.{lang} files once and then
     # read like task.path. A hub id, or a folder saved with Dataset(Dict).save_to_disk.
     hf_dataset: str = ""
     hf_config: Optional[str] = None    # the dataset's configuration (wmt14: de-en); null: its default

@@ -226,9 +226,14 @@ def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        # The model's buffers (sinusoidal positions) are constants: nothing to broadcast per step.
+        import inspect
+
+        # The model's buffers (sinusoidal positions) are constants: nothing to sync per step.
+        # torch 2.13 renamed the switch (broadcast_buffers warns there); older torch has only the old name.
+        no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                   else "broadcast_buffers")
         return DistributedDataParallel(model, device_ids=[local_rank()] if device.type == "cuda" else None,
-                                       broadcast_buffers=False)
+                                       **{no_sync: False})
     if parallel == "fsdp":
         try:
             from torch.distributed.fsdp import FSDPModule, fully_shard

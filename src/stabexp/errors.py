@@ -5,3 +5,17 @@ raise them without importing each other."""
 
 class ConfigError(ValueError):
     """A user error in the config: reported as one line, never as a traceback."""
+
+
+def install_hint(extra: str) -> str:
+    """How to add one of the package's optional extras (pyproject.toml): `make install` keeps a
+    checkout's install editable; elsewhere pip takes the extra's own requirements."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        needs = [r.split(";")[0].replace(" ", "") for r in requires("stabexp") or ()
+                 if r.replace(" ", "").endswith(f'extra=="{extra}"')]
+    except PackageNotFoundError:
+        needs = []
+    pip = " ".join(f'"{r}"' for r in needs) or f'-e ".[{extra}]"'
+    return f"make install EXTRAS={extra} in a checkout, or pip install {pip}"

@@ -93,7 +93,11 @@ def format_states(sweep: Path, states: List[Dict]) -> str:
     counts = {state: sum(s["status"] == state for s in states) for state in STATES}
     lines += ["", f"{len(states)} runs: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n)]
     unfinished = counts["interrupted"] + counts["failed"] + counts["not started"]
-    if unfinished:
+    if counts["running"]:
+        # A process still works on the sweep: it starts the runs not yet started itself.
+        lines.append("The sweep is still running" + (": once its process has ended, the same command resumes "
+                                                     "what did not finish." if unfinished else "."))
+    elif unfinished:
         lines.append("Run the same command again: it skips the finished runs and resumes the others "
                      "from their checkpoints.")
     return "\n".join(lines)

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from stabexp.atomic import replacing
-from stabexp.errors import ConfigError
+from stabexp.errors import ConfigError, install_hint
 
-INSTALL = 'pip install "stabexp[hf]"'
+INSTALL = install_hint("hf")
 ROLES = {"train": "train_split", "valid": "valid_split", "test": "test_split"}
 # The names datasets give one split. A dataset's own split of the task's name comes first (one
 # with both "valid" and "validation" gives "valid"), then the first of the others it has.
@@ -147,9 +147,39 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0].rstrip(".")
 
 
+def hub_unreachable(timeout: float = 5.0) -> Optional[str]:
+    """Why the Hugging Face hub cannot be reached from here (None: it can, or the hub is off by
+    HF_HUB_OFFLINE and datasets reads its cache only). One connection attempt: without it the
+    hub's client retries with back-off for half a minute before it gives up."""
+    import socket
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    proxy = getproxies().get(url.scheme)
+    if proxy and not proxy_bypass(url.hostname):  # the client goes through the proxy: try that
+        url = urlsplit(proxy if "//" in proxy else f"http://{proxy}")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError as err:
+        return f"{url.hostname}:{port}: {_first_line(err)}"
+    return None
+
+
 def _load(src: Source) -> Dict:
     """The dataset's splits by name (a mapping of datasets.Dataset)."""
     datasets = _datasets(src.name)
+    if not src.folder:
+        why = hub_unreachable()
+        if why:
+            raise ConfigError(f"task.hf_dataset={src.name} cannot be loaded: the Hugging Face hub cannot be reached "
+                              f"({why}); with the dataset in the datasets cache set HF_HUB_OFFLINE=1 to read it "
+                              "from there, or give a folder saved with save_to_disk or of json / csv / parquet files")
     try:
         if src.saved:
             loaded = datasets.load_from_disk(str(src.folder))
@@ -177,9 +207,16 @@ def _load_error(src: Source, err: Exception) -> ConfigError:
         return ConfigError(f"task.hf_dataset={src.name} at revision {src.revision or 'main'} is a dataset with a "
                            "loading script, which datasets no longer runs: pin a task.hf_revision that holds "
                            "data files (parquet), or use a copy saved as data files")
-    return ConfigError(f"task.hf_dataset={src.name} cannot be loaded ({reason}): give a dataset id of the "
+    offline = " (HF_HUB_OFFLINE is set: only the datasets cache is read)" if _hub_off() else ""
+    return ConfigError(f"task.hf_dataset={src.name} cannot be loaded ({reason}){offline}: give a dataset id of the "
                        "Hugging Face hub that can be reached from here, a folder saved with save_to_disk, or "
                        "a folder of json / csv / parquet files")
+
+
+def _hub_off() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
 
 
 def dataset_split(key: str, wanted: str, available: Sequence[str], name: str) -> str:

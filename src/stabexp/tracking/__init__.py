@@ -31,7 +31,7 @@ from typing import Dict, Iterable, List, Optional
 from omegaconf import DictConfig
 
 from stabexp import distributed
-from stabexp.errors import ConfigError
+from stabexp.errors import ConfigError, install_hint
 from stabexp.train.files import read_csv_rows
 
 log = logging.getLogger("stabexp")
@@ -53,7 +53,7 @@ def check(cfg: DictConfig) -> None:
     for name in chosen(cfg):
         if importlib.util.find_spec(PACKAGES[name]) is None:
             raise ConfigError(f"logger={name} needs the {PACKAGES[name]} package, which is not installed: "
-                              f'pip install "stabexp[{name}]"')
+                              f"{install_hint(name)}")
     if "wandb" in chosen(cfg):
         mode = cfg.logger.wandb.mode
         if mode is not None and mode not in WANDB_MODES:

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from stabexp.errors import install_hint
+
 USAGE = """usage: stabexp export-tensorboard SWEEP_DIR [--logdir DIR]
   every run folder under SWEEP_DIR as TensorBoard event files: SWEEP_DIR/tensorboard/<run>/ beside
   the run folders (or DIR/<run's path under SWEEP_DIR>/); then: tensorboard --logdir SWEEP_DIR/tensorboard"""
@@ -78,8 +80,8 @@ def main(argv: List[str]) -> int:
               file=sys.stderr)
         return 2
     if importlib.util.find_spec("tensorboard") is None:
-        print('stabexp: error: export-tensorboard needs the tensorboard package, which is not installed: '
-              'pip install "stabexp[tensorboard]"', file=sys.stderr)
+        print("stabexp: error: export-tensorboard needs the tensorboard package, which is not installed: "
+              f"{install_hint('tensorboard')}", file=sys.stderr)
         return 2
     runs = [r for r in find_runs(sweep) if (r / "config.yaml").is_file() and "tensorboard" not in r.parts]
     if not runs:

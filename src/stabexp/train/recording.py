@@ -27,6 +27,7 @@ import torch
 from omegaconf import DictConfig
 
 from stabexp import theory
+from stabexp.terminal import duration
 from stabexp.data import Task
 from stabexp.probes import log_z_stats, model_update, rows_for_layers
 from stabexp.probes.dependency import dependency
@@ -146,33 +147,55 @@ def group_name(cfg: DictConfig) -> str:
 
 
 class Progress:
-    """tqdm bar on a terminal; otherwise a log line every probe.log_every steps."""
+    """How far a run is, from its first step: on a terminal a tqdm bar (steps/s, time left,
+    the loss and model update at probe steps); otherwise a log line at the first step, then
+    every probe.log_every steps and at least every LINE_SECONDS, each with steps/s and the time
+    left, so a log shows a run is moving without a line per step."""
+
+    LINE_SECONDS = 30.0
 
     def __init__(self, cfg: DictConfig, enabled: bool = True):
         self.cfg, self.every, self.last_update = cfg, cfg.probe.log_every, float("nan")
         self.enabled, self.bar = enabled, None
-        if enabled and sys.stderr.isatty():
+        self.use_bar = enabled and sys.stderr.isatty()
+        self.first_step = None  # the first step this process runs, and when it began
+        self.started = self.last_line = 0.0
+
+    def _start(self, step: int) -> None:
+        """The first step of this process (a resumed run's steps before it are not in the rate)."""
+        self.first_step, self.started = step, time.perf_counter()
+        self.last_line = self.started
+        if self.use_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.train.steps, desc=f"{group_name(cfg)} L{cfg.depth}",
-                            leave=True)
-
-    def resume_at(self, step: int) -> None:
-        if self.bar is not None:
-            self.bar.update(step)
+            self.bar = tqdm(total=self.cfg.train.steps, initial=step - 1, unit="step", leave=True,
+                            desc=f"{group_name(self.cfg)} L{self.cfg.depth}", dynamic_ncols=True)
 
     def update(self, step: int, loss: Optional[float], update: Optional[float]) -> None:
         """`loss`: None at the steps whose loss the host has not read (GPU, Run.must_sync)."""
+        if not self.enabled:
+            return
+        if self.first_step is None:
+            self._start(step)
         if update is not None:
             self.last_update = update
         if self.bar is not None:
             self.bar.update(1)
             if update is not None and loss is not None:
                 self.bar.set_postfix(loss=f"{loss:.3f}", model_update=f"{self.last_update:.3g}")
-        elif self.enabled and loss is not None and (step % self.every == 0 or step == self.cfg.train.steps):
+            return
+        now, total = time.perf_counter(), self.cfg.train.steps
+        on_schedule = loss is not None and (step % self.every == 0 or step == total or step == self.first_step)
+        if on_schedule or now - self.last_line >= self.LINE_SECONDS:
+            self.last_line = now
+            done, seconds = step - self.first_step + 1, now - self.started
+            pace = ""
+            if step > self.first_step and seconds > 0:
+                rate = done / seconds
+                pace = f", {rate:.3g} steps/s" + (f", {duration((total - step) / rate)} left" if step < total else "")
+            said = f" loss {loss:.4f}" if loss is not None else ""
             probed = f" model_update {self.last_update:.4g}" if math.isfinite(self.last_update) else ""
-            log.info("%s L%d step %d/%d loss %.4f%s", group_name(self.cfg), self.cfg.depth, step,
-                     self.cfg.train.steps, loss, probed)
+            log.info("%s L%d step %d/%d%s%s%s", group_name(self.cfg), self.cfg.depth, step, total, said, probed, pace)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -273,7 +273,6 @@ class Run:
         self.bound_log = (CsvLog(self.out_dir / UPDATE_BOUND, update_bound.COLUMNS,
                                  resume_at=state["csv"]["update_bound"]) if self.bound is not None else None)
         self.task.load_state_dict(state["task"])
-        self.progress.resume_at(self.steps_done)
         self.model.train()
         checkpoint.set_rng_state(state["rng"])  # last: building the run above drew from it
 
