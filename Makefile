@@ -27,7 +27,7 @@ SCALE   ?= default
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@echo "Installing stabexp (editable) and its dependencies into $(VENV): a few minutes the first time"
+	@echo "Installing stabexp (editable) and its dependencies into $(VENV): a minute or more the first time"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]"

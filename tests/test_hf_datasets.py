@@ -281,6 +281,7 @@ def test_a_hub_out_of_reach_fails_at_once(stabexp_main, monkeypatch):
     for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)  # a proxy would be tried instead of the port
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("load_dataset was tried"))
     _fails_in_one_line(stabexp_main, ["task=wmt14_en_de"], "task.hf_dataset=wmt/wmt14", "cannot be reached",

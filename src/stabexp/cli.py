@@ -232,7 +232,7 @@ LIST_USAGE = """usage: stabexp list [--config-dir DIR]
 
 
 def cmd_list(args: List[str] = ()) -> int:
-    from stabexp.presets import cost
+    from stabexp.presets import line as cost_line
 
     if {"-h", "--help"} & set(args):
         print(LIST_USAGE)
@@ -260,9 +260,9 @@ def cmd_list(args: List[str] = ()) -> int:
     print("\nExperiment presets (stabexp run experiment=NAME [scale=quick]; all: make reproduce):")
     for path in presets:
         print(f"  {path.stem:<{width}}  {_preset_description(path)}")
-        measured = cost(path)
-        if measured is not None:
-            print(f"  {'':<{width}}  cost: {measured.text}")
+        said = cost_line(path)
+        if said is not None:
+            print(f"  {'':<{width}}  cost: {said}")
     # Plug-ins (docs/plugins.md): other packages' entry points, read without importing them,
     # and the groups whose placement or init rule is a dotted path to a user's module.
     from stabexp import plugins
@@ -319,7 +319,7 @@ def complete(args: List[str]) -> int:
         typed = words[1] if len(words) == 2 else ""
         print(" ".join(c for c in COMMANDS if c.startswith(typed)))
         return 0
-    if words[1] != "run":
+    if len(words) < 2 or words[1] != "run":
         return 0
     os.environ["COMP_LINE"] = " ".join([words[0], *words[2:]]) + (" " if line.endswith(" ") else "")
     return _hydra_completion(args)
@@ -334,12 +334,14 @@ def _hydra_completion(args: List[str]) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     """The console script: a reader that stops early (`stabexp list | head -2`) ends the output,
     not the command: a run goes on to its end, writing its files, and the exit code is its own."""
-    from stabexp.terminal import quiet_when_closed, stdout_closed
+    from stabexp.terminal import quiet_when_closed, stdout_closed, stdout_reader_gone
 
     with quiet_when_closed():
         try:
             return _main(sys.argv[1:] if argv is None else argv)
         except BrokenPipeError:
+            if not stdout_reader_gone():  # another pipe broke: an error of its own
+                raise
             stdout_closed()
             return 0
 

@@ -35,14 +35,21 @@ def parse(text: str) -> Cost:
     return Cost(text, 3600 * h + 60 * m + s, bool(match.group("estimated")))
 
 
-def cost(path: Path) -> Optional[Cost]:
-    """The preset file's cost, or None where it has no `# cost:` line (a user's own preset)."""
+def line(path: Path) -> Optional[str]:
+    """The text of the preset file's `# cost:` line, or None where it has none (a user's own preset)."""
     found = COST.search(Path(path).read_text())
-    return parse(found.group(1).strip()) if found else None
+    return found.group(1).strip() if found else None
+
+
+def cost(path: Path) -> Optional[Cost]:
+    """The preset file's cost (ValueError for a line that does not start with a duration)."""
+    text = line(path)
+    return parse(text) if text is not None else None
 
 
 def total(paths: Iterable[Path]) -> Cost:
     """The presets' costs added up, `estimated` when any of them is."""
+    paths = list(paths)
     costs = [cost(p) for p in paths]
     missing = [Path(p).stem for p, c in zip(paths, costs) if c is None]
     if missing:

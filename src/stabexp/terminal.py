@@ -22,6 +22,18 @@ def stdout_closed() -> None:
         os.close(devnull)
 
 
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.__stdout__.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no real stdout
+        return False
+
+
 class _ReaderMayLeave:
     """sys.stdout that survives its reader: a write or flush into a closed pipe moves stdout to
     os.devnull and carries on (logging handlers hold this object, so they do too)."""

@@ -149,26 +149,41 @@ def _first_line(err: BaseException) -> str:
 
 def hub_unreachable(timeout: float = 5.0) -> Optional[str]:
     """Why the Hugging Face hub cannot be reached from here (None: it can, or the hub is off by
-    HF_HUB_OFFLINE and datasets reads its cache only). One connection attempt: without it the
-    hub's client retries with back-off for half a minute before it gives up."""
+    HF_HUB_OFFLINE / HF_DATASETS_OFFLINE and datasets reads its cache only). One connection
+    attempt within `timeout` (through the proxy where one is set): without it the hub's client
+    retries with back-off for half a minute before it gives up."""
     import socket
+    import time
     from urllib.parse import urlsplit
     from urllib.request import getproxies, proxy_bypass
 
     from huggingface_hub import constants
 
-    if constants.HF_HUB_OFFLINE:
+    if _hub_off():
         return None
     url = urlsplit(constants.ENDPOINT)
-    proxy = getproxies().get(url.scheme)
-    if proxy and not proxy_bypass(url.hostname):  # the client goes through the proxy: try that
+    proxies = getproxies()
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    if proxy and not proxy_bypass(url.hostname):
         url = urlsplit(proxy if "//" in proxy else f"http://{proxy}")
     port = url.port or (443 if url.scheme == "https" else 80)
+    deadline, error = time.monotonic() + timeout, None
     try:
-        socket.create_connection((url.hostname, port), timeout=timeout).close()
+        addresses = socket.getaddrinfo(url.hostname, port, type=socket.SOCK_STREAM)
     except OSError as err:
         return f"{url.hostname}:{port}: {_first_line(err)}"
-    return None
+    for family, kind, proto, _, address in addresses:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(left)
+            try:
+                sock.connect(address)
+                return None
+            except OSError as err:
+                error = err
+    return f"{url.hostname}:{port}: {_first_line(error) if error else f'no answer within {timeout:g} s'}"
 
 
 def _load(src: Source) -> Dict:
@@ -214,9 +229,11 @@ def _load_error(src: Source, err: Exception) -> ConfigError:
 
 
 def _hub_off() -> bool:
+    """The hub turned off for the client (HF_HUB_OFFLINE) or for datasets (HF_DATASETS_OFFLINE too)."""
+    import datasets
     from huggingface_hub import constants
 
-    return bool(constants.HF_HUB_OFFLINE)
+    return bool(constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE)
 
 
 def dataset_split(key: str, wanted: str, available: Sequence[str], name: str) -> str:

@@ -188,7 +188,7 @@ class Progress:
         on_schedule = loss is not None and (step % self.every == 0 or step == total or step == self.first_step)
         if on_schedule or now - self.last_line >= self.LINE_SECONDS:
             self.last_line = now
-            done, seconds = step - self.first_step + 1, now - self.started
+            done, seconds = step - self.first_step, now - self.started  # `started`: the first step's end
             pace = ""
             if step > self.first_step and seconds > 0:
                 rate = done / seconds
