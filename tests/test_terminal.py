@@ -21,6 +21,7 @@ def _into(reader: str, outputs, *args):
                           env=cli_env(outputs), timeout=300)
 
 
+@pytest.mark.slow  # the console script in a subprocess, as test_cli.py's
 @pytest.mark.parametrize("args", [["list"], ["list", "--help"]], ids=["list", "list-help"])
 def test_a_reader_that_has_gone_ends_the_output_not_the_command(tmp_path, args):
     # `true` leaves before stabexp writes its first line: every write meets a closed pipe.
@@ -28,6 +29,7 @@ def test_a_reader_that_has_gone_ends_the_output_not_the_command(tmp_path, args):
     assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
+@pytest.mark.slow  # the console script in a subprocess, as test_cli.py's
 def test_a_run_piped_into_a_reader_that_has_gone_still_runs_to_its_end(tmp_path):
     r = _into("true", tmp_path / "outputs", "run", *TINY, "hydra.run.dir=" + str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
@@ -36,6 +38,7 @@ def test_a_run_piped_into_a_reader_that_has_gone_still_runs_to_its_end(tmp_path)
     assert "completed after 6 steps" in (tmp_path / "run" / "stabexp.log").read_text()  # its log file has it all
 
 
+@pytest.mark.slow  # the console script in a subprocess, as test_cli.py's
 def test_head_takes_the_first_lines(tmp_path):
     r = _into("head -2", tmp_path / "outputs", "list")
     assert r.returncode == 0 and "Traceback" not in r.stderr

@@ -158,7 +158,7 @@ class Progress:
         self.cfg, self.every, self.last_update = cfg, cfg.probe.log_every, float("nan")
         self.enabled, self.bar = enabled, None
         self.use_bar = enabled and sys.stderr.isatty()
-        self.first_step = None  # the first step this process runs, and when it began
+        self.first_step = None  # the first step this process runs; `started`: when it had run
         self.started = self.last_line = 0.0
 
     def _start(self, step: int) -> None:
@@ -168,19 +168,22 @@ class Progress:
         if self.use_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.cfg.train.steps, initial=step - 1, unit="step", leave=True,
+            # The first step is done when the bar starts: it counts from there (as the lines' pace).
+            self.bar = tqdm(total=self.cfg.train.steps, initial=step, unit="step", leave=True,
                             desc=f"{group_name(self.cfg)} L{self.cfg.depth}", dynamic_ncols=True)
 
     def update(self, step: int, loss: Optional[float], update: Optional[float]) -> None:
         """`loss`: None at the steps whose loss the host has not read (GPU, Run.must_sync)."""
         if not self.enabled:
             return
-        if self.first_step is None:
+        first = self.first_step is None
+        if first:
             self._start(step)
         if update is not None:
             self.last_update = update
         if self.bar is not None:
-            self.bar.update(1)
+            if not first:
+                self.bar.update(1)
             if update is not None and loss is not None:
                 self.bar.set_postfix(loss=f"{loss:.3f}", model_update=f"{self.last_update:.3g}")
             return
