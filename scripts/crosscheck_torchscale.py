@@ -91,10 +91,7 @@ def build(cfg, vocab_size: int) -> nn.Module:
 
 
 def main(argv=None) -> int:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from stabexp.config import conf_dir
+    from stabexp.config import compose
     from stabexp.data import make_task
     from stabexp.train.optim import build_optimizer
     from stabexp.train.schedule import lr_factor
@@ -107,10 +104,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("overrides", nargs="*", help="more stabexp overrides (train.lr=3e-3, ...)")
     a = p.parse_args(argv)
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        cfg = compose(config_name="config", overrides=[
-            "group=deepnorm_torchscale", f"task={a.task}", f"depth={a.depth}", f"seed={a.seed}", *a.overrides])
+    cfg = compose(["group=deepnorm_torchscale", f"task={a.task}", f"depth={a.depth}", f"seed={a.seed}",
+                   *a.overrides])
     torch.manual_seed(cfg.seed)
     device = torch.device("cpu")
     task = make_task(cfg, device)

@@ -131,17 +131,9 @@ def runs() -> Dict[str, List[str]]:
 
 def compose(overrides: Iterable[str]):
     """The config `stabexp run` would run with BASE and these overrides."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from stabexp import config
 
-    from stabexp.config import conf_dir
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            return hydra_compose(config_name="config", overrides=[*BASE, *overrides])
-    finally:
-        GlobalHydra.instance().clear()
+    return config.compose([*BASE, *overrides])
 
 
 @contextmanager

@@ -14,14 +14,12 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn as nn
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from conftest import TINY, WALL, assert_same_files, cli_env
 from corpus import translation_overrides
 from ranks import run_ranks
 from stabexp import distributed
-from stabexp.config import ConfigError, conf_dir, validate_world
+from stabexp.config import ConfigError, compose, validate_world
 from stabexp.data import make_task, prepare
 from stabexp.train.trainer import train
 
@@ -37,12 +35,7 @@ CLOSE = dict(check_exact=False, rtol=2e-4, atol=2e-5)
 
 
 def compose_cfg(*overrides):
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            return compose(config_name="config", overrides=[*RUN, *overrides])
-    finally:
-        GlobalHydra.instance().clear()
+    return compose([*RUN, *overrides])
 
 
 def assert_close_files(a: Path, b: Path, note: str) -> None:

@@ -10,12 +10,10 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
 from conftest import run_cli
-from stabexp.config import conf_dir, validate
+from stabexp.config import compose, conf_dir, validate
 from stabexp.plotting.collect import RUN_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,11 +70,7 @@ def quick_outputs(tmp_path_factory, corpus_dir):
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("scale", ["default", "quick"])
 def test_every_preset_composes_to_a_valid_multirun(preset, scale):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        cfg = compose(config_name="config", overrides=[f"experiment={preset}", f"scale={scale}"],
-                      return_hydra_config=True)
-    GlobalHydra.instance().clear()
+    cfg = compose([f"experiment={preset}", f"scale={scale}"], return_hydra_config=True)
     assert str(cfg.hydra.mode).endswith("MULTIRUN")
     assert cfg.experiment == preset and cfg.scale == scale
     params = dict(cfg.hydra.sweeper.params)

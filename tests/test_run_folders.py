@@ -25,17 +25,9 @@ FIXTURE_SWEEP = ["-m", "group=postln,preln", "depth=2", "train.steps=6", "train.
 
 def compose_plain(*overrides):
     """The config of `stabexp run OVERRIDES` (no test defaults)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from stabexp.config import compose
 
-    from stabexp.config import conf_dir
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            return compose(config_name="config", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
+    return compose(overrides)
 
 
 class Payload:

@@ -40,6 +40,21 @@ def conf_dir() -> Path:
     return (root / "conf") if root is not None else Path(__file__).resolve().parent / "conf"
 
 
+def compose(overrides=(), return_hydra_config: bool = False) -> DictConfig:
+    """The config `stabexp run OVERRIDES` runs, composed from the built-in configs outside a
+    Hydra app (scripts, tests, a notebook); Hydra's global state is left as it was found: clear."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return hydra_compose(config_name="config", overrides=list(overrides),
+                                 return_hydra_config=return_hydra_config)
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def outputs_dir() -> Path:
     """Where every run folder goes: $STABEXP_OUTPUTS, else the checkout's outputs/, else
     ./outputs of the working directory (a plain install)."""
