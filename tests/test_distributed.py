@@ -76,7 +76,7 @@ def test_fsdp_names_a_scalar_parameter_it_cannot_shard():
 def test_fsdp_finds_a_scalar_parameter_on_the_meta_device(monkeypatch):
     """A model of the user's with a 0-dim parameter: train() checks it before it takes the lock
     or writes anything, from the model built on the meta device."""
-    import stabexp.train.run as run_module
+    import stabexp.train.build as run_module
 
     real = run_module.build_model
 

@@ -48,3 +48,17 @@ def test_the_model_files_know_nothing_of_probes_trainer_or_data():
         text = (SRC / Path(*module.split("."))).with_suffix(".py")
         text = text if text.exists() else SRC / Path(*module.split(".")) / "__init__.py"
         assert "probe" not in text.read_text().lower(), f"{module} names the probes"
+
+
+def test_no_module_imports_back_up_the_layers():
+    """The probes know nothing of the trainer, the data or the command line (a monitor runs them on
+    a model and loop of one's own, stabexp.monitor); the config knows nothing of what it configures
+    beyond the registries (stabexp.plugins) and the model's names."""
+    graph = _imports()
+    above = {"stabexp.probes": ("stabexp.train", "stabexp.data", "stabexp.cli", "stabexp.monitor", "stabexp.tracking"),
+             "stabexp.config": ("stabexp.train", "stabexp.probes", "stabexp.data", "stabexp.tracking")}
+    for module, imported in graph.items():
+        for layer, forbidden in above.items():
+            if module == layer or module.startswith(layer + "."):
+                bad = {m for m in imported if m.startswith(forbidden)}
+                assert not bad, f"{module} imports {sorted(bad)}"

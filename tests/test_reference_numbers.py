@@ -270,16 +270,16 @@ PERTURBATIONS = [
     # floor(a L) is a step: at L = 4, a = 0.25 sits on it, so a smaller a moves a layer.
     Perturbation("Mix-LN's ratio, smaller", ("group/mix_ln/lm",), overrides=("group.mix_ratio=0.24975",)),
     Perturbation("the lr schedules", ("group/postln", "group/postln_warmup", "group/t_fixup"),
-                 _in("stabexp.train.run", "lr_factor")),
+                 _in("stabexp.train.build", "lr_factor")),
     # probes
-    Perturbation("model update", ("group/postln",), _in("stabexp.train.recording", "model_update")),
+    Perturbation("model update", ("group/postln",), _in("stabexp.probes.layers", "model_update")),
     Perturbation("the probes' token mean (LN input, stream norm)", ("group/postln", "group/peri_ln/lm"),
                  _in("stabexp.probes", "token_mean")),
-    Perturbation("log Z", ("group/postln",), _in("stabexp.train.recording", "log_z_stats")),
+    Perturbation("log Z", ("group/postln",), _in("stabexp.probes.layers", "log_z_stats")),
     Perturbation("relative update", ("group/preln",), _relative_update),
     Perturbation("Admin's perturbation 1e-4", ("probe/at_init",), _admin_perturbation),
     Perturbation("gradient at init", ("probe/at_init",),
-                 _in("stabexp.train.run", "grad_at_init", lambda g: {**g, "grad_norm": g["grad_norm"] * F})),
+                 _in("stabexp.probes.at_init", "grad_at_init", lambda g: {**g, "grad_norm": g["grad_norm"] * F})),
     Perturbation("update bound's Xavier norm", ("probe/update_bound", "probe/update_bound/lm"),
                  _in("stabexp.probes.update_bound", "xavier_norm")),
     Perturbation("dependency's stream scale", ("probe/dependency", "probe/dependency/rmsnorm",
@@ -316,7 +316,7 @@ GROUP_RUNS = [name for name in RUNS if name.startswith("group/")]
 
 
 def _init_gain(monkeypatch):
-    import stabexp.train.run as run
+    import stabexp.train.build as run
 
     real = run.initialise
 
@@ -330,7 +330,7 @@ def _init_gain(monkeypatch):
 
 
 def _stream_weight(monkeypatch):
-    import stabexp.train.run as run
+    import stabexp.train.build as run
 
     real = run.build_model
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-import stabexp.train.run
+import stabexp.train.build
 import stabexp.train.trainer as trainer
 from conftest import TINY
 from stabexp.data import SortTask, SymbolTask
@@ -71,7 +71,7 @@ def test_a_gpu_reads_losses_only_at_probe_steps_and_records_the_same_divergence(
     every_step, _ = _scripted_run(make_cfg, tmp_path / "cpu", monkeypatch, losses, *overrides)
     reads = []
     real_diverged = trainer.Run.diverged
-    monkeypatch.setattr(stabexp.train.run, "reads_loss_every_step", lambda device: False)
+    monkeypatch.setattr(stabexp.train.build, "reads_loss_every_step", lambda device: False)
     monkeypatch.setattr(trainer.Run, "diverged",
                         lambda self: reads.append(len(self.pending)) or real_diverged(self))
     lazy, _ = _scripted_run(make_cfg, tmp_path / "gpu", monkeypatch, losses, *overrides)

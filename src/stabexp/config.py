@@ -17,7 +17,7 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from stabexp.errors import ConfigError  # noqa: F401  (also stabexp.config.ConfigError)
+from stabexp.errors import ConfigError, need  # noqa: F401  (also stabexp.config.ConfigError)
 from stabexp.model_options import ModelOptions
 
 
@@ -87,6 +87,11 @@ def model_norm(cfg) -> str:
     return cfg.group.norm or cfg.model.norm
 
 
+def placements(cfg) -> set:
+    """The residual placements of the model's stacks (a stack's own, else group.residual)."""
+    return {cfg.group[f"{stack}_residual"] or cfg.group.residual for stack in ("encoder", "decoder")}
+
+
 def run_name(overrides) -> str:
     """A folder name made from a job's overrides, so that re-running the same command (or the
     same sweep) finds the same folder. Hydra gives the overrides as `key=value` strings."""
@@ -133,6 +138,7 @@ ARCHS = ("transformer", "decoder_only", "encoder_only", "normmlp")
 # (model/init.py); stabexp.plugins finds them.
 SUBWORDS = ("bpe", "unigram")  # and char, for task=lm
 PRECISIONS = ("fp32", "bf16")
+DECAY_ON = ("matrices", "all")  # optim.decay_on: the matrices (and embeddings) only, or every parameter
 
 
 @dataclass
@@ -304,6 +310,9 @@ class ProbeConfig:
     # (probes/update_bound.py), per sublayer at each probe step, into update_bound.csv: Post-LN
     # and DeepNorm placements only.
     update_bound: bool = False
+    # Probes of one's own or of another package (docs/probes.md), by registered name or dotted
+    # path module.Class: each a stabexp.probes.base.Probe, run beside the built-ins above.
+    extra: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -371,11 +380,6 @@ register_configs()
 
 # --- checks a type cannot express ----------------------------------------------------------
 
-def _need(ok: bool, key: str, value, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value} is not allowed: {allowed}")
-
-
 def _schema() -> DictConfig:
     """The schema with every group filled in, so that its keys can be listed."""
     return OmegaConf.structured(Config(group=GroupConfig(), model=ModelConfig(),
@@ -436,13 +440,13 @@ def validate_world(cfg: DictConfig, world: int, grouped: bool) -> None:
     """What a run on `world` processes (in a process group or not, stabexp.distributed) needs of
     the config, checked on every rank alike, so all of them stop with the same line."""
     tr = cfg.train
-    _need(grouped or tr.parallel == "none", "train.parallel", tr.parallel,
+    need(grouped or tr.parallel == "none", "train.parallel", tr.parallel,
           "needs a process group: torchrun --nproc-per-node=K -m stabexp run ... (or K srun tasks); "
           "one process runs with train.parallel=none")
-    _need(world == 1 or tr.parallel != "none", "train.parallel", tr.parallel,
+    need(world == 1 or tr.parallel != "none", "train.parallel", tr.parallel,
           f"must be ddp or fsdp on {world} processes (with none each would train a model of its own)")
     fixed = cfg.task.kind != "translation" or tr.max_tokens == 0
-    _need(not fixed or tr.batch_size % world == 0, "train.batch_size", tr.batch_size,
+    need(not fixed or tr.batch_size % world == 0, "train.batch_size", tr.batch_size,
           f"must be a multiple of the {world} processes (each trains on an equal share of every batch)")
 
 
@@ -455,179 +459,174 @@ def _tasks_of_arch(arch: str) -> List[str]:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError with one line naming the bad value and what is allowed. Placements,
-    init rules, tasks and optimisers are resolved through stabexp.plugins, so a user's plug-in
-    (a dotted path, another package's entry point) is imported and checked here, before a run
-    starts."""
-    from stabexp import plugins, theory
-    from stabexp.model.transformer import NORMS
-    from stabexp.train.optim import DECAY_ON, torch_form
-
+    init rules, tasks, optimisers and probes are resolved through stabexp.plugins, so a user's
+    plug-in (a dotted path, another package's entry point) is imported and checked here, before
+    a run starts; a task kind and a probe check their own keys (`check`)."""
     _check_known_keys(cfg, _schema())
     _check_set(cfg)
     _check_finite(cfg)
     # The run's random streams are seeded 4 seed + k (torch takes seeds below 2^64).
-    _need(0 <= cfg.seed < 2 ** 60, "seed", cfg.seed, "must be an integer in [0, 2^60)")
-    _need(cfg.depth >= 1, "depth", cfg.depth, "must be an integer >= 1")
+    need(0 <= cfg.seed < 2 ** 60, "seed", cfg.seed, "must be an integer in [0, 2^60)")
+    need(cfg.depth >= 1, "depth", cfg.depth, "must be an integer >= 1")
     if cfg.decoder_depth is not None:
-        _need(cfg.decoder_depth >= 1, "decoder_depth", cfg.decoder_depth,
+        need(cfg.decoder_depth >= 1, "decoder_depth", cfg.decoder_depth,
               "must be an integer >= 1 (or null for decoder_depth = depth)")
-    m = cfg.model
-    _need(m.arch in ARCHS, "model.arch", m.arch, f"one of {', '.join(ARCHS)}")
-    task = plugins.check("task", cfg.task.kind, "task.kind")
-    _need(m.arch in task.archs, "task", cfg.task.name,
-          f"model.arch={m.arch} trains on tasks of kind {', '.join(_tasks_of_arch(m.arch))}")
-    g = cfg.group
+    _check_group(cfg)
+    _check_model(cfg)
+    _check_task(cfg)
+    _check_optim(cfg)
+    _check_train(cfg)
+    _check_probes(cfg)
+
+
+def _check_group(cfg: DictConfig) -> None:
+    """The placements and init rule, and whether they fit the model's stacks."""
+    from stabexp import plugins
+
+    m, g = cfg.model, cfg.group
+    need(m.arch in ARCHS, "model.arch", m.arch, f"one of {', '.join(ARCHS)}")
     rule = plugins.check("init", g.init, "group.init")
     if m.arch in ("decoder_only", "encoder_only"):
-        _need(cfg.decoder_depth is None, "decoder_depth", cfg.decoder_depth,
+        need(cfg.decoder_depth is None, "decoder_depth", cfg.decoder_depth,
               f"model.arch={m.arch} has one stack of `depth` layers (leave decoder_depth null)")
-        _need(not getattr(rule, "encoder_decoder_only", False), "group.init", g.init,
+        need(not getattr(rule, "encoder_decoder_only", False), "group.init", g.init,
               f"its constants are defined for an encoder-decoder only (model.arch=transformer), "
               f"not for model.arch={m.arch}")
     plugins.check("placement", g.residual, "group.residual")
     for key in ("encoder_residual", "decoder_residual"):
         if g[key] is not None:
             plugins.check("placement", g[key], f"group.{key}")
-            _need(m.arch == "transformer", f"group.{key}", g[key],
+            need(m.arch == "transformer", f"group.{key}", g[key],
                   f"a placement per stack needs the encoder-decoder (model.arch=transformer), "
                   f"not model.arch={m.arch}")
-    placements = {g[f"{s}_residual"] or g.residual for s in ("encoder", "decoder")}
-    for placement in sorted(placements):
-        _need(m.arch != "transformer" or plugins.placement(placement).encoder_decoder, "group.residual", placement,
+    for placement in sorted(placements(cfg)):
+        need(m.arch != "transformer" or plugins.placement(placement).encoder_decoder, "group.residual", placement,
               f"its paper defines it for decoder-only LMs: model.arch=decoder_only (or encoder_only), "
               f"not the encoder-decoder (group={g.name})")
-    _need(0.0 <= g.mix_ratio <= 1.0, "group.mix_ratio", g.mix_ratio, "must be in [0, 1]")
-    for key in ("dyt_alpha", "dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):
-        _need(m[key] is None or m[key] > 0, f"model.{key}", m[key], "must be > 0 (or null for the per-site keys)")
-    _need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
-    _need(g.init not in ("admin_profiled", "admin_closed_form") or placements == {"admin"}, "group.init",
+    need(0.0 <= g.mix_ratio <= 1.0, "group.mix_ratio", g.mix_ratio, "must be in [0, 1]")
+    need(g.schedule in SCHEDULES, "group.schedule", g.schedule, f"one of {', '.join(SCHEDULES)}")
+    need(g.init not in ("admin_profiled", "admin_closed_form") or placements(cfg) == {"admin"}, "group.init",
           g.init, f"{g.init} sets Admin's omegas, so it needs group.residual=admin in every stack")
-    _need(m.norm in NORMS, "model.norm", m.norm, f"one of {', '.join(NORMS)}")
-    _need(g.norm is None or g.norm in NORMS, "group.norm", g.norm, f"one of {', '.join(NORMS)} (or null)")
+
+
+def _check_model(cfg: DictConfig) -> None:
+    from stabexp import plugins
+    from stabexp.model.transformer import NORMS
+
+    m, g = cfg.model, cfg.group
+    for key in ("dyt_alpha", "dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):
+        need(m[key] is None or m[key] > 0, f"model.{key}", m[key], "must be > 0 (or null for the per-site keys)")
+    need(m.norm in NORMS, "model.norm", m.norm, f"one of {', '.join(NORMS)}")
+    need(g.norm is None or g.norm in NORMS, "group.norm", g.norm, f"one of {', '.join(NORMS)} (or null)")
     norm, norm_key = model_norm(cfg), "group.norm" if g.norm else "model.norm"
-    for placement in sorted(placements):
-        _need(norm == "layernorm" or plugins.placement(placement).has_norm, norm_key, norm,
+    for placement in sorted(placements(cfg)):
+        need(norm == "layernorm" or plugins.placement(placement).has_norm, norm_key, norm,
               f"group.residual={placement} has no normalisation to replace (layernorm only)")
     for key in ("d_model", "ffn_dim", "n_heads"):
-        _need(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
-    _need(m.d_model % m.n_heads == 0, "model.n_heads", m.n_heads,
-          f"must divide model.d_model={m.d_model}")
-    _need(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "must be in [0, 1)")
-    t = cfg.task
-    _need(t.vocab_size >= 3, "task.vocab_size", t.vocab_size, "must be >= 3")
-    for key in ("seq_len", "eval_batch_size", "probe_batch_size", "classes", "in_dim"):
-        _need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
-    _need(0.0 <= t.label_noise <= 1.0, "task.label_noise", t.label_noise, "must be in [0, 1]")
-    _need(0.0 < t.mask_prob < 1.0, "task.mask_prob", t.mask_prob, "must be in (0, 1)")
-    if t.kind == "lm":
-        _need(t.subword in (*SUBWORDS, "char"), "task.subword", t.subword, f"one of {', '.join(SUBWORDS)}, char")
-    if t.kind == "translation":
-        from stabexp.data.download import CORPORA
+        need(m[key] >= 1, f"model.{key}", m[key], "must be an integer >= 1")
+    need(m.d_model % m.n_heads == 0, "model.n_heads", m.n_heads, f"must divide model.d_model={m.d_model}")
+    need(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "must be in [0, 1)")
 
-        _need(bool(t.path) or bool(t.download) or bool(t.hf_dataset), "task.path", t.path,
-              "needs a folder holding {split}.{lang} files (or task.download, or task.hf_dataset)")
-        _need(not t.hf_dataset or not (t.path or t.download), "task.hf_dataset", t.hf_dataset,
-              "takes the corpus from the Hugging Face dataset: leave task.path and task.download empty")
-        _need(not t.download or t.download in CORPORA, "task.download", t.download,
-              f"one of {', '.join(CORPORA)} (or empty, with task.path)")
-        _need(t.src_lang != t.tgt_lang, "task.tgt_lang", t.tgt_lang, "must differ from task.src_lang")
-        _need(t.subword in SUBWORDS, "task.subword", t.subword, f"one of {', '.join(SUBWORDS)}")
-        for key in ("max_len", "beam", "max_len_b"):
-            _need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
-        _need(t.max_len_a >= 0, "task.max_len_a", t.max_len_a, "must be >= 0")
-        _need(t.bleu_sentences >= 0, "task.bleu_sentences", t.bleu_sentences, "must be >= 0 (0: all)")
-    o = cfg.optim
+
+def _check_task(cfg: DictConfig) -> None:
+    """The keys every task reads, then the task kind's own (its factory's `check`)."""
+    from stabexp import plugins
+
+    t, m = cfg.task, cfg.model
+    task = plugins.check("task", t.kind, "task.kind")
+    need(m.arch in task.archs, "task", t.name,
+          f"model.arch={m.arch} trains on tasks of kind {', '.join(_tasks_of_arch(m.arch))}")
+    need(t.vocab_size >= 3, "task.vocab_size", t.vocab_size, "must be >= 3")
+    for key in ("seq_len", "eval_batch_size", "probe_batch_size", "classes", "in_dim"):
+        need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
+    need(0.0 <= t.label_noise <= 1.0, "task.label_noise", t.label_noise, "must be in [0, 1]")
+    need(0.0 < t.mask_prob < 1.0, "task.mask_prob", t.mask_prob, "must be in (0, 1)")
+    if getattr(task, "check", None) is not None:
+        task.check(cfg)
+
+
+def _check_optim(cfg: DictConfig) -> None:
+    from stabexp import plugins
+
+    o, tr = cfg.optim, cfg.train
     plugins.check("optimiser", o.name, "optim.name")
-    _need(0.0 <= o.momentum < 1.0, "optim.momentum", o.momentum, "must be in [0, 1)")
-    _need(o.decay_on in DECAY_ON, "optim.decay_on", o.decay_on, f"one of {', '.join(DECAY_ON)}")
-    _need(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
+    need(0.0 <= o.momentum < 1.0, "optim.momentum", o.momentum, "must be in [0, 1)")
+    need(o.decay_on in DECAY_ON, "optim.decay_on", o.decay_on, f"one of {', '.join(DECAY_ON)}")
+    need(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
           list(o.betas), "two numbers in [0, 1)")
-    _need(o.eps > 0, "optim.eps", o.eps, "must be > 0")
-    _need(o.name != "muon" or m.arch != "normmlp", "optim.name", o.name,
-          "orthogonalises the residual branches' matrices, and model=normmlp has none")
+    need(o.eps > 0, "optim.eps", o.eps, "must be > 0")
+    need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
     if o.name == "muon":
         import torch
 
-        _need(hasattr(torch.optim, "Muon"), "optim.name", o.name,
+        need(cfg.model.arch != "normmlp", "optim.name", o.name,
+              "orthogonalises the residual branches' matrices, and model=normmlp has none")
+        need(hasattr(torch.optim, "Muon"), "optim.name", o.name,
               f"needs torch.optim.Muon (PyTorch 2.9 or later); this torch is {torch.__version__}")
-    # Muon, RAdam and a plug-in optimiser have none (theory.py); torch_form gives the name alone here.
-    _need(not cfg.probe.weights or torch_form(o.name, 0.0, 1.0)[0] in theory.OPTIMISERS,
-          "probe.weights", cfg.probe.weights,
-          f"its effective lr is derived for sgd, sgdm, adam and adamw, not optim.name={o.name}")
-    _need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
-    tr = cfg.train
-    _need(tr.steps >= 0, "train.steps", tr.steps, "must be an integer >= 0 (0 = probes at init only)")
-    _need(tr.lr > 0, "train.lr", tr.lr, "must be > 0")
-    _need(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, "must be >= 0")
-    _need(tr.decay_period >= 1, "train.decay_period", tr.decay_period, "must be an integer >= 1")
+        # Muon's checkpoint is two optimisers' (train/optim.py), which DCP does not take as one.
+        need(tr.parallel == "none", "optim.name", o.name,
+              f"cannot be muon with train.parallel={tr.parallel}: Muon runs on one process only")
+
+
+def _check_train(cfg: DictConfig) -> None:
+    tr, t = cfg.train, cfg.task
+    need(tr.steps >= 0, "train.steps", tr.steps, "must be an integer >= 0 (0 = probes at init only)")
+    need(tr.lr > 0, "train.lr", tr.lr, "must be > 0")
+    need(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, "must be >= 0")
+    need(tr.decay_period >= 1, "train.decay_period", tr.decay_period, "must be an integer >= 1")
     if tr.warmup_init_lr is not None:
-        _need(tr.warmup_steps >= 1, "train.warmup_steps", tr.warmup_steps,
+        need(tr.warmup_steps >= 1, "train.warmup_steps", tr.warmup_steps,
               "must be >= 1 with train.warmup_init_lr (the warm-up goes from it to train.lr)")
-        _need(0.0 <= tr.warmup_init_lr <= tr.lr, "train.warmup_init_lr", tr.warmup_init_lr,
+        need(0.0 <= tr.warmup_init_lr <= tr.lr, "train.warmup_init_lr", tr.warmup_init_lr,
               f"must be in [0, train.lr={tr.lr}] (or null)")
-    _need(tr.schedule in ("group", *SCHEDULES), "train.schedule", tr.schedule,
+    need(tr.schedule in ("group", *SCHEDULES), "train.schedule", tr.schedule,
           f"one of group, {', '.join(SCHEDULES)}")
-    _need(tr.batch_size >= 1 or (tr.batch_size == 0 and tr.max_tokens > 0), "train.batch_size", tr.batch_size,
+    need(tr.batch_size >= 1 or (tr.batch_size == 0 and tr.max_tokens > 0), "train.batch_size", tr.batch_size,
           "must be an integer >= 1 (0, no limit, only with train.max_tokens)")
-    _need(tr.max_tokens == 0 or t.kind == "translation", "train.max_tokens", tr.max_tokens,
+    need(tr.max_tokens == 0 or t.kind == "translation", "train.max_tokens", tr.max_tokens,
           "a token budget needs variable-length batches: task of kind translation (or 0)")
-    _need(tr.max_tokens == 0 or tr.max_tokens > t.max_len, "train.max_tokens", tr.max_tokens,
+    need(tr.max_tokens == 0 or tr.max_tokens > t.max_len, "train.max_tokens", tr.max_tokens,
           f"must be 0 or above task.max_len={t.max_len}, so every kept pair fits a batch")
-    _need(0.0 <= tr.label_smoothing < 1.0, "train.label_smoothing", tr.label_smoothing, "must be in [0, 1)")
-    _need(tr.clip_norm >= 0, "train.clip_norm", tr.clip_norm, "must be >= 0 (0 = off)")
-    _need(tr.z_loss >= 0, "train.z_loss", tr.z_loss, "must be >= 0 (0 = off)")
-    _need(tr.qk_clip_tau >= 0, "train.qk_clip_tau", tr.qk_clip_tau, "must be >= 0 (0 = off)")
-    _need(tr.parallel in PARALLEL, "train.parallel", tr.parallel, f"one of {', '.join(PARALLEL)}")
-    # Muon's checkpoint is two optimisers' (train/optim.py), which DCP does not take as one.
-    _need(o.name != "muon" or tr.parallel == "none", "optim.name", o.name,
-          f"cannot be muon with train.parallel={tr.parallel}: Muon runs on one process only")
-    if tr.parallel == "fsdp":
-        # These read or rewrite whole weight matrices, or run passes FSDP's gathered weights do
-        # not cover (train/run.py), which FSDP keeps as shards.
-        _need(tr.qk_clip_tau == 0, "train.qk_clip_tau", tr.qk_clip_tau,
-              "must be 0 with train.parallel=fsdp (QK-Clip rescales rows of sharded W_q, W_k): use train.parallel=ddp")
-        for key in ("weights", "update_bound", "at_init", "dependency", "layer_importance"):
-            _need(not cfg.probe[key], f"probe.{key}", cfg.probe[key],
-                  "must be false with train.parallel=fsdp (this probe reads whole weight matrices or runs "
-                  "outside the gathered-weight passes): "
-                  "use train.parallel=ddp")
+    need(0.0 <= tr.label_smoothing < 1.0, "train.label_smoothing", tr.label_smoothing, "must be in [0, 1)")
+    for key in ("clip_norm", "z_loss", "qk_clip_tau"):
+        need(tr[key] >= 0, f"train.{key}", tr[key], "must be >= 0 (0 = off)")
+    need(tr.parallel in PARALLEL, "train.parallel", tr.parallel, f"one of {', '.join(PARALLEL)}")
     if tr.qk_clip_tau > 0:
-        _need(cfg.task.kind != "translation", "train.qk_clip_tau", tr.qk_clip_tau,
-              "takes each head's largest logit over every query, and padded translation batches have "
-              "queries no loss reads: language-model and synthetic tasks only")
-        _need(m.arch != "normmlp", "train.qk_clip_tau", tr.qk_clip_tau, "clips attention, and model=normmlp has none")
-        _need(not m.qk_norm and not any(plugins.placement(x).qkv_norm for x in placements), "train.qk_clip_tau",
-              tr.qk_clip_tau, "scales W_q and W_k, which normalised q and k (model.qk_norm, hybridnorm) do not feel")
-        _need(not tr.activation_checkpointing and not tr.compile, "train.qk_clip_tau", tr.qk_clip_tau,
-              "reads each step's logits by hook, which train.activation_checkpointing and train.compile do not run")
-    _need(tr.eval_every >= 1, "train.eval_every", tr.eval_every, "must be an integer >= 1")
-    _need(tr.explode_factor > 1, "train.explode_factor", tr.explode_factor, "must be > 1")
-    _need(tr.device in ("auto", "cpu", "cuda"), "train.device", tr.device, "one of auto, cpu, cuda")
-    _need(tr.threads >= 0, "train.threads", tr.threads, "must be >= 0 (0 = torch default)")
-    _need(tr.precision in PRECISIONS, "train.precision", tr.precision, f"one of {', '.join(PRECISIONS)}")
-    _need(tr.checkpoint_every >= 0, "train.checkpoint_every", tr.checkpoint_every,
+        _check_qk_clip(cfg)
+    need(tr.eval_every >= 1, "train.eval_every", tr.eval_every, "must be an integer >= 1")
+    need(tr.explode_factor > 1, "train.explode_factor", tr.explode_factor, "must be > 1")
+    need(tr.device in ("auto", "cpu", "cuda"), "train.device", tr.device, "one of auto, cpu, cuda")
+    need(tr.threads >= 0, "train.threads", tr.threads, "must be >= 0 (0 = torch default)")
+    need(tr.precision in PRECISIONS, "train.precision", tr.precision, f"one of {', '.join(PRECISIONS)}")
+    need(tr.checkpoint_every >= 0, "train.checkpoint_every", tr.checkpoint_every,
           "must be an integer >= 0 (0: only when the process is asked to stop)")
+
+
+def _check_qk_clip(cfg: DictConfig) -> None:
+    """QK-Clip (train/qk_clip.py) rescales W_q and W_k by each step's largest logits."""
+    from stabexp import plugins
+
+    tau, m, tr = cfg.train.qk_clip_tau, cfg.model, cfg.train
+    need(tr.parallel != "fsdp", "train.qk_clip_tau", tau,
+          "must be 0 with train.parallel=fsdp (QK-Clip rescales rows of sharded W_q, W_k): use train.parallel=ddp")
+    need(cfg.task.kind != "translation", "train.qk_clip_tau", tau,
+          "takes each head's largest logit over every query, and padded translation batches have "
+          "queries no loss reads: language-model and synthetic tasks only")
+    need(m.arch != "normmlp", "train.qk_clip_tau", tau, "clips attention, and model=normmlp has none")
+    need(not m.qk_norm and not any(plugins.placement(x).qkv_norm for x in placements(cfg)), "train.qk_clip_tau",
+          tau, "scales W_q and W_k, which normalised q and k (model.qk_norm, hybridnorm) do not feel")
+    need(not tr.activation_checkpointing and not tr.compile, "train.qk_clip_tau", tau,
+          "reads each step's logits by hook, which train.activation_checkpointing and train.compile do not run")
+
+
+def _check_probes(cfg: DictConfig) -> None:
+    """When the probes run, then each probe the config turns on checks what it needs
+    (`Probe.check`, stabexp.probes.base)."""
+    from stabexp import plugins
+
     p = cfg.probe
-    _need(p.every >= 1, "probe.every", p.every, "must be an integer >= 1")
-    _need(p.first_steps >= 0, "probe.first_steps", p.first_steps, "must be >= 0")
-    _need(p.log_every >= 1, "probe.log_every", p.log_every, "must be an integer >= 1")
-    _need(p.enabled or not p.at_init, "probe.at_init", p.at_init, "needs probe.enabled=true")
-    _need(m.arch != "normmlp" or not p.at_init, "probe.at_init", p.at_init,
-          "measures residual sublayers, and model=normmlp has none")
-    _need(m.arch != "normmlp" or not p.dependency, "probe.dependency", p.dependency,
-          "decomposes residual sublayers, and model=normmlp has none")
-    _need(not p.dependency or "dlcl" not in placements, "probe.dependency", p.dependency,
-          "group.residual=dlcl mixes whole layer outputs, which the decomposition does not follow")
-    _need(not p.dependency or not placements & {"hybridnorm", "hybridnorm_star"}, "probe.dependency", p.dependency,
-          "HybridNorm adds its FFN branch to the normalised stream, LN(x) + G, which the decomposition does not follow")
-    _need(not p.dependency or norm != "dyt", "probe.dependency", p.dependency,
-          "model.norm=dyt: a tanh does not carry a sum of parts through it as a norm does")
-    _need(not p.update_bound or (m.arch != "normmlp" and placements <= {"postln", "deepnorm"}),
-          "probe.update_bound", p.update_bound,
-          f"DeepNet's Theorems 4.1 and 4.3 bound stacks of x <- LN(alpha x + G(x)): group.residual postln "
-          f"or deepnorm on a Transformer (here {m.arch}, {', '.join(sorted(placements))})")
-    _need(m.arch != "normmlp" or not p.layer_importance, "probe.layer_importance", p.layer_importance,
-          "skips Transformer layers, and model=normmlp has none")
-    _need(p.enabled or not p.update_bound, "probe.update_bound", p.update_bound, "needs probe.enabled=true")
-    _need(p.perturbation_draws >= 1, "probe.perturbation_draws", p.perturbation_draws, "must be an integer >= 1")
-    _need(p.grad_batches >= 0, "probe.grad_batches", p.grad_batches, "must be >= 0 (0: no gradient at init)")
+    need(p.every >= 1, "probe.every", p.every, "must be an integer >= 1")
+    need(p.first_steps >= 0, "probe.first_steps", p.first_steps, "must be >= 0")
+    need(p.log_every >= 1, "probe.log_every", p.log_every, "must be an integer >= 1")
+    for probe in plugins.probes(cfg):
+        probe.check(cfg)

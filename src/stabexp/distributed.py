@@ -163,6 +163,15 @@ def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
     return out
 
 
+def agreed_signal(received: Optional[int]) -> Optional[int]:
+    """The signal to stop on after this step: this process's; on K processes the one any rank
+    got, agreed after every step (a CPU tensor, through gloo: no wait for a GPU), so that every
+    rank checkpoints at the same step, well within torchrun's 30 s before it kills."""
+    if world() == 1:
+        return received
+    return int(max_(torch.tensor([received or 0])).item()) or None
+
+
 def sum_(t: torch.Tensor) -> torch.Tensor:
     return _all_reduce(t, dist.ReduceOp.SUM)
 

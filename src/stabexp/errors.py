@@ -7,6 +7,12 @@ class ConfigError(ValueError):
     """A user error in the config: reported as one line, never as a traceback."""
 
 
+def need(ok: bool, key: str, value, allowed: str) -> None:
+    """ConfigError '<key>=<value> is not allowed: <allowed>' unless ok: every config check's line."""
+    if not ok:
+        raise ConfigError(f"{key}={value} is not allowed: {allowed}")
+
+
 def install_hint(extra: str) -> str:
     """How to add one of the package's optional extras (pyproject.toml): `make install` keeps a
     checkout's install editable; elsewhere pip takes the extra's own requirements."""

@@ -1,14 +1,14 @@
-"""Plug-ins: residual placements, init rules, tasks and optimisers from a user's own module,
-with no edit of stabexp (docs/plugins.md).
+"""Plug-ins: residual placements, init rules, tasks, optimisers and probes from a user's own
+module, with no edit of stabexp (docs/plugins.md).
 
 A config value names one of each kind (group.residual and the per-stack residuals, group.init,
-task.kind, optim.name) in one of two ways:
+task.kind, optim.name, each of probe.extra) in one of two ways:
 
 - a registered name, one that an entry point of the kind's group registers (stabexp.placements,
-  stabexp.inits, stabexp.tasks, stabexp.optimizers). An entry point's object is either a
-  mapping name -> plug-in (a package offering several) or one plug-in, named by the entry
-  point's name. The package's own built-ins are registered the same way (pyproject.toml), so
-  there is one mechanism: their names come first, and a name registered twice is the first
+  stabexp.inits, stabexp.tasks, stabexp.optimizers, stabexp.probes). An entry point's object is
+  either a mapping name -> plug-in (a package offering several) or one plug-in, named by the
+  entry point's name. The package's own built-ins are registered the same way (pyproject.toml),
+  so there is one mechanism: their names come first, and a name registered twice is the first
   package's (stabexp, then the others by distribution name);
 - else a dotted path `module.attr` (Hydra's `_target_` form), the module importable from
   sys.path (PYTHONPATH, or an installed package).
@@ -216,6 +216,10 @@ _REGISTRIES: Dict[str, Registry] = {
         "optimiser", "stabexp.optimizers", "optim.name", "stabexp.train.optim:OPTIMISERS",
         "a factory (model, cfg, device) -> torch.optim.Optimizer", "module.function",
         accept="stabexp.train.optim:as_optimiser_factory"),
+    "probe": Registry(
+        "probe", "stabexp.probes", "probe.extra", "stabexp.probes.builtin:PROBES",
+        "a subclass of stabexp.probes.base.Probe", "module.Class",
+        accept="stabexp.probes.base:as_probe"),
 }
 KINDS = tuple(_REGISTRIES)
 
@@ -243,6 +247,22 @@ def task_factory(kind: str, key: Optional[str] = None) -> Callable:
 def optimiser_factory(name: str, key: Optional[str] = None) -> Callable:
     """The optimiser factory (model, cfg, device) -> torch.optim.Optimizer of a name or dotted path."""
     return _REGISTRIES["optimiser"].get(name, key)
+
+
+def probes(cfg) -> List[type]:
+    """The probe classes a config turns on, in the order a run calls them: the package's own
+    whose flag is set (probe.<flag>), then each of probe.extra, named as listed."""
+    reg = _REGISTRIES["probe"]
+    own = [reg.get(name) for name, r in reg.table().items() if r.distribution == PACKAGE]
+    found = [p for p in own if p.flag is not None and p.enabled(cfg)]
+    for name in cfg.probe.extra:
+        probe = reg.get(name, "probe.extra")
+        if probe.flag is not None:
+            raise PluginError(f"probe.extra={name} is not allowed: a built-in, turned on by probe.{probe.flag}=true")
+        if sum(n == name for n in cfg.probe.extra) > 1:
+            raise PluginError(f"probe.extra={name} is not allowed: listed twice")
+        found.append(type(probe.__name__, (probe,), {"name": name, "__module__": probe.__module__}))
+    return found
 
 
 def check(kind: str, value: str, key: str) -> Any:
@@ -292,4 +312,4 @@ def clear() -> None:
 
 
 __all__ = ["PluginError", "Rejected", "Registry", "placement", "init_rule", "task_factory", "optimiser_factory",
-           "check", "names", "registered", "plugins", "clear", "is_dotted_path", "what_is", "takes", "KINDS"]
+           "check", "probes", "names", "registered", "plugins", "clear", "is_dotted_path", "what_is", "takes", "KINDS"]

@@ -20,9 +20,18 @@ number of elements of the weight.
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 OPTIMISERS = ("sgd", "sgdm", "adamw", "adam")
+
+
+def torch_form(name: str, weight_decay: float, lr: float) -> Tuple[str, float]:
+    """The PyTorch optimiser and weight_decay that run optim.name `name` with decay
+    `weight_decay` at peak lr `lr` (what the formulas here take): adamw_independent's decay,
+    independent of the peak lr (Wortsman et al. 2023, Sec. 3.2.2), is AdamW's lambda / lr_max."""
+    if name == "adamw_independent":
+        return "adamw", weight_decay / lr
+    return name, weight_decay
 
 
 def _check(optimiser: str, lr: float, weight_decay: float) -> None:

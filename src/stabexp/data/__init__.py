@@ -12,21 +12,47 @@ is looked up through stabexp.plugins, which also finds the tasks of other packag
 user's Task subclass named by a dotted path (`as_task_factory`; docs/plugins.md).
 """
 
-from typing import Callable
+from typing import Callable, Optional
 
 from stabexp import plugins
+from stabexp.config import SUBWORDS
 from stabexp.data.symbols import SYMBOL_TASKS, ReverseTask, SortTask, SymbolTask
 from stabexp.data.task import Task
 from stabexp.data.teacher import TeacherTask
-from stabexp.errors import ConfigError
+from stabexp.errors import ConfigError, need
 
 
-def trains(*archs: str) -> Callable:
-    """Mark a task factory with the model.arch values it trains (a task's `archs`)."""
+def trains(*archs: str, check: Optional[Callable] = None) -> Callable:
+    """Mark a task factory with the model.arch values it trains (a task's `archs`) and the check
+    of its own task keys (`check(cfg)`, raising ConfigError; config.validate calls it)."""
     def mark(factory: Callable) -> Callable:
         factory.archs = archs
+        factory.check = check
         return factory
     return mark
+
+
+def check_translation(cfg) -> None:
+    from stabexp.data.download import CORPORA
+
+    t = cfg.task
+    need(bool(t.path) or bool(t.download) or bool(t.hf_dataset), "task.path", t.path,
+         "needs a folder holding {split}.{lang} files (or task.download, or task.hf_dataset)")
+    need(not t.hf_dataset or not (t.path or t.download), "task.hf_dataset", t.hf_dataset,
+         "takes the corpus from the Hugging Face dataset: leave task.path and task.download empty")
+    need(not t.download or t.download in CORPORA, "task.download", t.download,
+         f"one of {', '.join(CORPORA)} (or empty, with task.path)")
+    need(t.src_lang != t.tgt_lang, "task.tgt_lang", t.tgt_lang, "must differ from task.src_lang")
+    need(t.subword in SUBWORDS, "task.subword", t.subword, f"one of {', '.join(SUBWORDS)}")
+    for key in ("max_len", "beam", "max_len_b"):
+        need(t[key] >= 1, f"task.{key}", t[key], "must be an integer >= 1")
+    need(t.max_len_a >= 0, "task.max_len_a", t.max_len_a, "must be >= 0")
+    need(t.bleu_sentences >= 0, "task.bleu_sentences", t.bleu_sentences, "must be >= 0 (0: all)")
+
+
+def check_language_model(cfg) -> None:
+    need(cfg.task.subword in (*SUBWORDS, "char"), "task.subword", cfg.task.subword,
+         f"one of {', '.join(SUBWORDS)}, char")
 
 
 def _sizes(cfg) -> dict:
@@ -48,14 +74,14 @@ def _teacher(cfg, device) -> Task:
     return TeacherTask(t.in_dim, t.classes, cfg.seed, device, t.label_noise, **_sizes(cfg))
 
 
-@trains("transformer")
+@trains("transformer", check=check_translation)
 def _translation(cfg, device) -> Task:
     from stabexp.data.translation import TranslationTask
 
     return TranslationTask(cfg, device)
 
 
-@trains("decoder_only", "encoder_only")
+@trains("decoder_only", "encoder_only", check=check_language_model)
 def _language_model(cfg, device) -> Task:
     from stabexp.data.lm import LanguageModelTask
 

@@ -70,12 +70,6 @@ class TransformerConfig(ModelOptions):
         return own if own is not None else self.residual
 
 
-def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
-    """Mean of per-token values (B, T) over the real tokens (`tokens`, bool (B, T)), or over
-    every position when there is no padding (tokens None). No host sync."""
-    return values.mean() if tokens is None else (values * tokens).sum() / tokens.sum()
-
-
 class DyT(nn.Module):
     """Dynamic Tanh (Zhu et al. 2025, "Transformers without Normalization", arXiv 2503.10622,
     Alg. 1; jiachenzhu/DyT dynamic_tanh.py): gamma * tanh(alpha x) + beta over the last

@@ -1,4 +1,6 @@
-"""Probes: what the studies measure, computed on device with one host sync per probe.
+"""Probes: what the studies measure, computed on device with one host sync per probe. This
+module holds the measures; each probe that a run calls is a class of stabexp.probes.base's
+`Probe` in its own module (the built-ins: probes/builtin.py; docs/probes.md).
 
 - model_update: DeepNet (arXiv v1) Sec. 3 / Fig. 4, ||F(x, theta_i) - F(x, theta_0)||.
 - per-sublayer gradient norms: DeepNet Fig. 4, the gradient per layer.
@@ -18,15 +20,15 @@ removed after it (`hooked`), so training runs the model without any.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from stabexp.distributed import local
-from stabexp.model.transformer import Seq2SeqTransformer, attention_logits, explicit_attention, token_mean
+from stabexp.model.transformer import Seq2SeqTransformer, attention_logits, explicit_attention
 from stabexp.modes import eval_mode
-from stabexp.train.losses import log_z
+from stabexp.probes.statistics import log_z, per_token_norm, token_mean
 
 
 @contextmanager
@@ -61,10 +63,12 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
     return per_token_norm(features - features_init, tokens)
 
 
-def per_token_norm(features: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """sqrt(mean over the (real) tokens of ||features_token||_2^2): the model update's norm, and
-    ||F(x, theta_0)|| that DeepNet's bound compares it with (probes/update_bound.py)."""
-    return token_mean(features.pow(2).sum(-1), tokens).sqrt()
+def reference_features(model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+    """F(x, theta) on the probe batch as every probe step takes it (`LayerProbe.probe_pass`: eval
+    mode, attention by hand), so that the model update at step 0 is exactly 0: a copy, kept."""
+    with torch.inference_mode(), eval_mode(model), explicit_attention():
+        features = model.features(src, tgt_in)
+    return features.clone()
 
 
 def log_z_stats(logits: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -195,23 +199,3 @@ class LayerProbe:
         nan = feats.new_full((), float("nan"))
         return (feats, torch.stack([v if v is not None else nan for v in ln_norms]),
                 torch.stack([v if v is not None else nan for v in max_logits]), torch.stack(stream_norms))
-
-
-def rows_for_layers(step: int, keys, grad_norms: List[float], ln_norms: List[float],
-                    max_logits: Optional[List[float]] = None, updates: Optional[List[float]] = None,
-                    stream_norms: Optional[List[float]] = None) -> List[Dict]:
-    """Tidy rows of layers.csv: one per (step, stack, layer, sublayer). A value that does not
-    exist (no norm on the stream, an FFN's attention logit, the update at step 0) is an empty cell."""
-    n = len(keys)
-    max_logits = max_logits if max_logits is not None else [None] * n
-    updates = updates if updates is not None else [None] * n
-    stream_norms = stream_norms if stream_norms is not None else [None] * n
-    return [
-        {"step": step, "stack": stack, "layer": layer, "sublayer": name, "grad_norm": g, "ln_input_norm": _cell(ln),
-         "stream_norm": _cell(x), "max_attn_logit": _cell(z), "relative_update": _cell(u)}
-        for (stack, layer, name), g, ln, z, u, x in zip(keys, grad_norms, ln_norms, max_logits, updates, stream_norms)
-    ]
-
-
-def _cell(value: Optional[float]) -> Optional[float]:
-    return value if value is not None and value == value else None

@@ -17,9 +17,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stabexp.model.transformer import Seq2SeqTransformer, token_mean
+from stabexp.model.transformer import Seq2SeqTransformer
+from stabexp.probes.statistics import token_mean
+from stabexp.errors import need
 from stabexp.modes import eval_mode
 from stabexp.probes import LayerProbe, hooked
+from stabexp.probes.base import PROBE_BATCH, SUBLAYERS, TASK, Probe, Rows, refuse_unless
 
 PERTURBATION = 1e-4  # Admin / Clinic: delta = 1e-4 * sign(N(0, 1))
 
@@ -116,3 +119,48 @@ def mean_of(results: List[Dict]) -> Dict:
             return [mean(list(column)) for column in zip(*values)]
         return None if values[0] is None else sum(values) / len(values)
     return {key: mean([r[key] for r in results]) for key in results[0]}
+
+
+class AtInit(Probe):
+    """probe.at_init: Admin's output change on the probe batch (the mean over
+    probe.perturbation_draws draws of delta) and the gradient at theta_0 (the mean over
+    probe.grad_batches batches of the task's init stream, so that the training batches stay
+    those of a run without this probe), in the step-0 rows. The gradient's forward runs in
+    training mode, so with dropout it draws from torch's global generator: the draws happen on
+    a fork of it, and the training run's own dropout masks stay those of a run without it."""
+
+    name = flag = "at_init"
+    needs = (SUBLAYERS, PROBE_BATCH, TASK)
+    metrics_columns = ("grad_norm", "output_change")
+    layers_columns = ("grad_norm", "input_change", "w2_grad_norm", "output_grad_norm")
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        refuse_unless(cls, cfg, cfg.probe.enabled, "needs probe.enabled=true")
+        refuse_unless(cls, cfg, cfg.model.arch != "normmlp", "measures residual sublayers, and model=normmlp has none")
+        p = cfg.probe
+        need(p.perturbation_draws >= 1, "probe.perturbation_draws", p.perturbation_draws, "must be an integer >= 1")
+        need(p.grad_batches >= 0, "probe.grad_batches", p.grad_batches, "must be >= 0 (0: no gradient at init)")
+
+    def at_init(self) -> Rows:
+        ctx = self.ctx
+        with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
+            values = self._measure()
+        return Rows(metrics={"grad_norm": values["grad_norm"], "output_change": values["output_change"]},
+                    sublayers=[{"grad_norm": g, "input_change": c, "w2_grad_norm": w2, "output_grad_norm": out}
+                               for g, c, w2, out in zip(values["sublayer_grad_norm"], values["input_change"],
+                                                        values["w2_grad_norm"], values["output_grad_norm"])])
+
+    def _measure(self) -> Dict:
+        ctx, p = self.ctx, self.ctx.cfg.probe
+        generator = torch.Generator().manual_seed(ctx.cfg.seed)
+        change = mean_of([output_change(ctx.model, *ctx.probe_batch, generator=generator)
+                          for _ in range(p.perturbation_draws)])
+        if p.grad_batches == 0:
+            n = len(change["input_change"])
+            return {**change, "grad_norm": None, "sublayer_grad_norm": [None] * n, "w2_grad_norm": [None] * n,
+                    "output_grad_norm": [None] * n}
+        grads = mean_of([grad_at_init(ctx.model, ctx.task.init_batch(), ctx.task.loss)
+                         for _ in range(p.grad_batches)])
+        return {**change, **grads}

@@ -35,6 +35,8 @@ import torch.nn as nn
 from stabexp.model.transformer import Admin, DeepNorm, Residual
 from stabexp.modes import eval_mode
 from stabexp.probes import hooked
+from stabexp.config import model_norm, placements as stack_placements
+from stabexp.probes.base import PROBE_BATCH, SUBLAYERS, Probe, Rows, refuse_unless
 
 BIAS = -1  # the component of the norms' biases
 
@@ -154,3 +156,35 @@ def dependency(model, src: torch.Tensor, tgt_in: torch.Tensor) -> List[Dict]:
             values.append(_spread(part, tokens) / total)
     betas = torch.stack(values).tolist() if values else []  # one host sync
     return [{**row, "beta": beta} for row, beta in zip(rows, betas)]
+
+
+class Dependency(Probe):
+    """probe.dependency: every sublayer's residual dependency on the probe batch, at init and at
+    the end of a completed run, into dependency.csv."""
+
+    name = flag = "dependency"
+    needs = (SUBLAYERS, PROBE_BATCH)
+    files = {"dependency.csv": ("step", "stack", "sublayer", "component", "beta")}
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        norm, placements = model_norm(cfg), stack_placements(cfg)
+        refuse_unless(cls, cfg, cfg.model.arch != "normmlp", "decomposes residual sublayers, and model=normmlp has none")
+        refuse_unless(cls, cfg, "dlcl" not in placements,
+                      "group.residual=dlcl mixes whole layer outputs, which the decomposition does not follow")
+        refuse_unless(cls, cfg, not placements & {"hybridnorm", "hybridnorm_star"},
+                      "HybridNorm adds its FFN branch to the normalised stream, LN(x) + G, which the "
+                      "decomposition does not follow")
+        refuse_unless(cls, cfg, norm != "dyt",
+                      "model.norm=dyt: a tanh does not carry a sum of parts through it as a norm does")
+
+    def at_init(self) -> Rows:
+        return self._rows(0)
+
+    def at_end(self, step: int) -> Rows:
+        return self._rows(step)
+
+    def _rows(self, step: int) -> Rows:
+        rows = dependency(self.ctx.model, *self.ctx.probe_batch)
+        return Rows(files={"dependency.csv": [{"step": step, **r} for r in rows]})

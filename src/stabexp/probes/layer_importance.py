@@ -16,6 +16,7 @@ from typing import Callable, Dict, List
 import torch.nn as nn
 
 from stabexp.probes import hooked
+from stabexp.probes.base import TASK, Probe, Rows, refuse_unless
 
 
 def _pass_input_on(module, inputs, output):
@@ -34,3 +35,27 @@ def layer_importance(model: nn.Module, eval_loss: Callable[[nn.Module], float]) 
             rows.append({"stack": stack, "layer": layer, "eval_loss": skipped, "full_eval_loss": full,
                          "loss_increase": skipped - full})
     return rows
+
+
+class LayerImportance(Probe):
+    """probe.layer_importance: the eval-loss increase of skipping each layer, at init and at the
+    end of a completed run, into layer_importance.csv: one eval pass per layer each time."""
+
+    name = flag = "layer_importance"
+    needs = (TASK,)
+    files = {"layer_importance.csv": ("step", "stack", "layer", "eval_loss", "full_eval_loss", "loss_increase")}
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        refuse_unless(cls, cfg, cfg.model.arch != "normmlp", "skips Transformer layers, and model=normmlp has none")
+
+    def at_init(self) -> Rows:
+        return self._rows(0)
+
+    def at_end(self, step: int) -> Rows:
+        return self._rows(step)
+
+    def _rows(self, step: int) -> Rows:
+        rows = layer_importance(self.ctx.model, self.ctx.task.eval_loss)
+        return Rows(files={"layer_importance.csv": [{"step": step, **r} for r in rows]})

@@ -49,6 +49,10 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from stabexp.config import placements as stack_placements
+from stabexp.probes.base import REFERENCE, SUBLAYERS, Probe, ProbeContext, Rows, refuse_unless
+from stabexp.probes.statistics import per_token_norm
+
 COLUMNS = ["step", "stack", "layer", "sublayer", "alpha", "v", "w", "param_change", "term",
            "v_gain", "w_gain", "param_change_gain", "term_gain"]
 # The two matrices of each sublayer's G = v w x (DeepNet Sec. 4.2).
@@ -105,3 +109,38 @@ def _spectral_norms(matrices: List[torch.Tensor]) -> torch.Tensor:
     for ks in by_shape.values():
         out[ks] = torch.linalg.matrix_norm(torch.stack([matrices[k] for k in ks]).float(), ord=2)
     return out
+
+
+class UpdateBoundProbe(Probe):
+    """probe.update_bound: the rows of update_bound.csv at every probe step, and at init
+    ||F(x, theta_0)|| per token (summary.json's `features_init_norm`), which the relative model
+    update divides by (stabexp.analysis, `update_bound_table`)."""
+
+    name = flag = "update_bound"
+    needs = (SUBLAYERS, REFERENCE)
+    files = {"update_bound.csv": COLUMNS}
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        refuse_unless(cls, cfg, cfg.probe.enabled, "needs probe.enabled=true")
+        placements = stack_placements(cfg)
+        refuse_unless(cls, cfg, cfg.model.arch != "normmlp" and placements <= {"postln", "deepnorm"},
+                      f"DeepNet's Theorems 4.1 and 4.3 bound stacks of x <- LN(alpha x + G(x)): group.residual "
+                      f"postln or deepnorm on a Transformer (here {cfg.model.arch}, {', '.join(sorted(placements))})")
+
+    def __init__(self, ctx: ProbeContext):
+        super().__init__(ctx)
+        self.bound = UpdateBound(ctx.model)
+
+    def at_init(self) -> None:
+        self.ctx.summary["features_init_norm"] = per_token_norm(self.ctx.features_init, self.ctx.probe_tokens).item()
+
+    def measure(self, step: int) -> Rows:
+        return Rows(files={"update_bound.csv": self.bound.rows(step)})
+
+    def state_dict(self) -> Dict:
+        return {"update_bound_init": self.bound.init}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.bound.init = [w.to(self.ctx.device) for w in state["update_bound_init"]]

@@ -13,12 +13,14 @@ Theory values for these: stabexp/theory.py.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn as nn
 
+from stabexp import theory
 from stabexp.modes import eval_mode
+from stabexp.probes.base import Probe, ProbeContext, Rows, refuse_unless
 
 Key = Tuple[str, int, str, str]  # (stack, layer, sublayer, param)
 
@@ -99,3 +101,74 @@ def scale_invariance(model: nn.Module, forward: Callable[[], torch.Tensor], fact
             flags.append(bool(((forward() - base).abs().max() <= tol).item()))
             w.div_(factor)
     return flags
+
+
+class Weights(Probe):
+    """probe.weights: a layers row per weight matrix at every probe step (its norm, the angular
+    update of the step, the effective lr, whether it is scale-invariant), and at init the
+    equilibrium norms theory.py predicts, into the summary beside the other equilibria."""
+
+    name = flag = "weights"
+    layers_columns = ("param", "grad_norm", "weight_norm", "angular_update", "row_angular_update",
+                      "effective_lr", "scale_invariant", "elements")
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return bool(cfg.probe.enabled and cfg.probe.weights)  # its rows go with the sublayers'
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        # Muon, RAdam and a plug-in optimiser have none; torch_form gives the name alone here.
+        o = cfg.optim
+        refuse_unless(cls, cfg, theory.torch_form(o.name, 0.0, 1.0)[0] in theory.OPTIMISERS,
+                      f"its effective lr is derived for sgd, sgdm, adam and adamw, not optim.name={o.name}")
+
+    def __init__(self, ctx: ProbeContext):
+        super().__init__(ctx)
+        self.probe = WeightProbe(ctx.model)
+        self.scale_invariant: List[bool] = []
+        self.moved = False
+
+    def at_init(self) -> None:
+        ctx = self.ctx
+        src, tgt_in = ctx.probe_batch
+        self.scale_invariant = scale_invariance(ctx.model, lambda: ctx.model(src, tgt_in))
+        self._equilibrium_norms(ctx.summary)
+
+    def _equilibrium_norms(self, summary: Dict) -> None:
+        if "theory" not in summary:
+            return
+        o, t = self.ctx.cfg.optim, self.ctx.cfg.train
+        # Defined by the hyper-parameters alone only for AdamW (SGD's needs the gradients).
+        name, weight_decay = theory.torch_form(o.name, o.weight_decay, t.lr)
+        norms = {".".join(map(str, key)): theory.equilibrium_norm(name, t.lr, weight_decay, o.momentum,
+                                                                  elements=w.numel())
+                 for key, w in zip(self.probe.keys, self.probe.weights)}
+        summary["theory"]["equilibrium_norm"] = norms if any(norms.values()) else None
+
+    def before_step(self, step: int) -> None:
+        self.probe.snapshot()
+        self.moved = True
+
+    def measure(self, step: int) -> Rows:
+        """One layers row per weight matrix; the step's own columns are empty where the weights
+        did not move in it (step 0)."""
+        norms, angles, row_angles, grads = self.probe.measure().tolist()  # one host sync
+        moved, self.moved = self.moved, False
+        lr, nan = self.ctx.lr(), float("nan")
+        return Rows(layers=[
+            {"step": step, "stack": stack, "layer": layer, "sublayer": sublayer, "param": param,
+             "grad_norm": g if moved else nan, "weight_norm": n,
+             "angular_update": a if moved else nan, "row_angular_update": r if moved else nan,
+             "effective_lr": theory.effective_lr(self.ctx.optimiser, lr, n), "scale_invariant": inv,
+             "elements": w.numel()}
+            for (stack, layer, sublayer, param), w, n, a, r, g, inv
+            in zip(self.probe.keys, self.probe.weights, norms, angles, row_angles, grads, self.scale_invariant)])
+
+    def state_dict(self) -> Dict:
+        return {"weights_previous": self.probe.previous, "scale_invariant": self.scale_invariant}
+
+    def load_state_dict(self, state: Dict) -> None:
+        torch._foreach_copy_(self.probe.previous, [w.to(self.ctx.device) for w in state["weights_previous"]])
+        self.scale_invariant = state["scale_invariant"]

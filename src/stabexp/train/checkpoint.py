@@ -44,6 +44,7 @@ from stabexp.config import resolved
 from stabexp.errors import ConfigError
 from stabexp.atomic import remove_partials, sync_folder, write_atomic
 from stabexp.train import folder
+from stabexp.train.files import MODEL
 
 CHECKPOINT = "checkpoint.pt"
 SHARDED = "checkpoint"  # K processes: a folder (model_and_optim/ by DCP, state.pt)
@@ -260,3 +261,18 @@ def remove(out_dir: Path) -> None:
     (Path(out_dir) / CHECKPOINT).unlink(missing_ok=True)
     for partial in Path(out_dir).glob(f".{CHECKPOINT}.*.part"):  # left by a process killed mid-write
         partial.unlink(missing_ok=True)
+
+
+def save_final_weights(out_dir: Path, model, task) -> None:
+    """train.save_model: the finished run's weights as model.pt (for `stabexp export` and one's
+    own analysis), with what rebuilds the model; under FSDP2 gathered whole on every rank (a
+    collective) and written by rank 0."""
+    weights = model.state_dict()
+    if distributed.is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    saved = {"state_dict": weights, "vocab_size": task.vocab_size, "pad_id": task.pad_id,
+             "max_positions": task.max_positions}
+    if distributed.is_rank0():
+        write_atomic(Path(out_dir) / MODEL, lambda f: torch.save(saved, f))

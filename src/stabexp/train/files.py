@@ -28,9 +28,6 @@ from stabexp.distributed import is_rank0
 
 SUMMARY = "summary.json"
 MODEL = "model.pt"  # the final weights, with train.save_model
-DEPENDENCY = "dependency.csv"  # the residual dependency, with probe.dependency
-LAYER_IMPORTANCE = "layer_importance.csv"  # skipping each layer, with probe.layer_importance
-UPDATE_BOUND = "update_bound.csv"  # DeepNet's bound on the model update, with probe.update_bound
 # What two runs of one config may write differently: the wall-clock columns and summary fields,
 # the process's peak memory, and the folder itself (a resumed run, or the same run elsewhere).
 WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "peak_memory_mib",
@@ -115,6 +112,14 @@ def read_csv_rows(path: Path):
         return list(csv.DictReader(f))
 
 
+def read_header(path: Path) -> Optional[List[str]]:
+    """A CSV file's columns; None when it does not exist or is empty."""
+    if not Path(path).exists():
+        return None
+    with open(path, newline="") as f:
+        return next(csv.reader(f), None)
+
+
 def read_summary(out_dir: Path) -> Optional[Dict]:
     path = Path(out_dir) / SUMMARY
     if not path.exists():
@@ -158,6 +163,17 @@ class CsvLog:
             self.rows = rows
         if self.file is not None:
             self.file.flush()
+
+    @classmethod
+    def cut_at_step(cls, path: Path, columns, step: int, on_write=None) -> "CsvLog":
+        """Reopened for a resumed run whose checkpoint (of an older stabexp) has no position
+        for this file: its rows up to `step` kept, the later ones cut, as `resume_at` would."""
+        path = Path(path)
+        if not is_rank0() or not path.exists():
+            return cls(path, columns, on_write=on_write)
+        kept = [r for r in read_csv_rows(path) if int(r["step"]) <= step]
+        write_csv(path, read_header(path), kept)
+        return cls(path, columns, resume_at=(len(kept), path.stat().st_size), on_write=on_write)
 
     def _resumed_columns(self) -> List[str]:
         """The file's own columns: a run started by an older stabexp, resumed by a newer one

@@ -1,4 +1,5 @@
-"""Terms the trainer adds to the task's loss."""
+"""The loss a training step differentiates: the task's, the terms the trainer adds to it, and
+its share on each of K processes."""
 
 from __future__ import annotations
 
@@ -6,14 +7,8 @@ from typing import Optional
 
 import torch
 
-from stabexp.model.transformer import token_mean
-
-
-def log_z(logits: torch.Tensor) -> torch.Tensor:
-    """log Z = logsumexp_j y_j over the vocabulary, per position (in fp32): the output logits'
-    normaliser, which z-loss pulls to 0 and the log Z probes follow (Wortsman et al. 2023,
-    Sec. 3.1.2)."""
-    return torch.logsumexp(logits.float(), dim=-1)
+from stabexp import distributed
+from stabexp.probes.statistics import log_z, token_mean
 
 
 def z_loss(logits: torch.Tensor, predicted: Optional[torch.Tensor] = None,
@@ -27,3 +22,23 @@ def z_loss(logits: torch.Tensor, predicted: Optional[torch.Tensor] = None,
     if count is not None:
         return (log_z(logits).pow(2) * predicted).sum() / count
     return token_mean(log_z(logits).pow(2), predicted)
+
+
+def training_loss(forward, task, batch, z_coefficient: float = 0.0, world: int = 1) -> torch.Tensor:
+    """The loss of one batch through `forward` (the training model), z-loss included. On K
+    processes, this rank's part of it: its rows' summed token loss (and z-loss) over the whole
+    batch's count of predicted tokens, so that the ranks' parts add up to the mean."""
+    if world == 1:
+        src, tgt_in, tgt_out = batch
+        logits = forward(src, tgt_in)
+        loss = task.loss(logits, tgt_out)
+        if z_coefficient > 0:
+            loss = loss + z_coefficient * z_loss(logits, task.predicted(tgt_out))
+        return loss
+    count = task.predicted(batch[2]).sum().clamp(min=1)
+    (src, tgt_in, tgt_out), weight = distributed.share(batch)
+    logits = forward(src, tgt_in)
+    loss = task.loss_sum(logits, tgt_out) / count
+    if z_coefficient > 0:
+        loss = loss + z_coefficient * z_loss(logits, task.predicted(tgt_out), count=count)
+    return loss * weight

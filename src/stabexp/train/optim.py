@@ -24,15 +24,14 @@ a dotted path (`as_optimiser_factory`; docs/plugins.md).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List
 
 import torch
 import torch.nn as nn
 
-from stabexp import plugins
+from stabexp import distributed, plugins
 from stabexp.errors import ConfigError
-
-DECAY_ON = ("matrices", "all")
+from stabexp.theory import torch_form
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_on: str) -> List[Dict]:
@@ -44,14 +43,6 @@ def param_groups(model: nn.Module, weight_decay: float, decay_on: str) -> List[D
     rest = [p for p in model.parameters() if p.dim() < 2]
     return [g for g in ({"params": decay, "weight_decay": weight_decay},
                         {"params": rest, "weight_decay": 0.0}) if g["params"]]
-
-
-def torch_form(name: str, weight_decay: float, lr: float) -> Tuple[str, float]:
-    """The PyTorch optimiser and weight_decay that run `name` with decay `weight_decay` at
-    peak lr `lr` (what theory.py's formulas take)."""
-    if name == "adamw_independent":
-        return "adamw", weight_decay / lr
-    return name, weight_decay
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -158,3 +149,14 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device) -> torch.optim.
         raise ConfigError(f"optim.name={cfg.optim.name} is not allowed: it made {plugins.what_is(optimiser)}, "
                           "not a torch.optim.Optimizer")
     return optimiser
+
+
+def clip_gradients(model: nn.Module, max_norm: float, sharded: bool = False) -> None:
+    """Total grad-norm clipping; under FSDP2 the norm of the sharded gradients comes from their
+    local shards, summed across the ranks in one collective."""
+    if not sharded:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return
+    grads = [distributed.local(p.grad) for p in model.parameters() if p.grad is not None]
+    total = distributed.sum_(torch.stack(torch._foreach_norm(grads)).pow(2).sum()).sqrt()
+    torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp(max=1.0))

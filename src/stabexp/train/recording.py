@@ -1,18 +1,13 @@
-"""What a run records at a probe or eval step: the metrics row and the layers rows, and the
-progress line. The columns are documented in docs/outputs.md.
+"""What a run writes at a step: the metrics row, the layers rows and each probe's own file
+(`Recorder`, from the probes' Rows: stabexp.probes.base), and the progress line (`Progress`).
+The columns are documented in docs/outputs.md, each probe's measure in its module under probes/.
 
 Row at step i: `loss` (the training loss, z-loss included), `grad_norm` and `lr` belong to
 optimiser step i (computed on theta_{i-1}); `model_update`, `ln_input_norm`, the output log Z
 (`log_z_mean`, `log_z_max`), the largest attention logit (`max_attn_logit`, layers rows) and the
 eval columns are measured on theta_i, after the step; `relative_update` (layers rows) is step
-i's update of each sublayer relative to its weights after it. With probe.weights a row per
-weight matrix holds its norm, the angular update of step i, the effective lr and whether the
-weight is scale-invariant (probes/weights.py). With probe.at_init the step-0 rows also hold
-Admin's output change and the gradient at theta_0 (probes/at_init.py). With probe.dependency,
-dependency.csv holds the residual dependency at step 0 and at the last step
-(probes/dependency.py), and with probe.layer_importance layer_importance.csv the eval-loss
-increase of skipping each layer, at the same two steps (probes/layer_importance.py). With probe.update_bound, update_bound.csv holds DeepNet's bound on the
-model update term by term at every probe step (probes/update_bound.py).
+i's update of each sublayer relative to its weights after it. Step 0 is theta_0, before any
+update, with the at-init probes' cells (probe.at_init).
 """
 
 from __future__ import annotations
@@ -21,26 +16,26 @@ import logging
 import math
 import sys
 import time
-from typing import Dict, List, Optional
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
-import torch
 from omegaconf import DictConfig
 
-from stabexp import theory
-from stabexp.terminal import duration
 from stabexp.data import Task
-from stabexp.probes import log_z_stats, model_update, rows_for_layers
-from stabexp.probes.dependency import dependency
-from stabexp.probes.layer_importance import layer_importance
-from stabexp.train.files import DEPENDENCY, LAYER_IMPORTANCE, read_csv_rows, write_csv
+from stabexp.probes.base import Rows
+from stabexp.terminal import duration
+from stabexp.tracking import Trackers
+from stabexp.train.files import CsvLog
 
 log = logging.getLogger("stabexp")
 
 
-def metrics_columns(eval_columns) -> list:
-    """metrics.csv's header: the step's own columns, then the task's eval columns."""
-    return ["step", "lr", "loss", "grad_norm", "model_update", "output_change", "log_z_mean", "log_z_max",
-            *eval_columns, "elapsed_s"]
+def metrics_columns(eval_columns, probe_columns: Sequence[str] = ()) -> list:
+    """metrics.csv's header: the step's own columns and the built-in probes', the task's eval
+    columns, then the columns of plug-in probes (`probe_columns`, those not already there)."""
+    columns = ["step", "lr", "loss", "grad_norm", "model_update", "output_change", "log_z_mean", "log_z_max",
+               *eval_columns]
+    return columns + [c for c in dict.fromkeys(probe_columns) if c not in columns] + ["elapsed_s"]
 
 
 METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (translation adds eval_ppl, valid_bleu)
@@ -50,95 +45,61 @@ LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "l
                   "weight_norm", "angular_update", "row_angular_update", "effective_lr", "scale_invariant", "elements"]
 
 
-def to_host(**tensors: torch.Tensor) -> Dict[str, List[float]]:
-    """Every tensor as a list of floats, by name, from one device-to-host transfer."""
-    flat = {name: t.float().reshape(-1) for name, t in tensors.items()}
-    values = torch.cat(list(flat.values())).tolist()
-    out, start = {}, 0
-    for name, t in flat.items():
-        out[name], start = values[start:start + t.numel()], start + t.numel()
-    return out
+class Recorder:
+    """A run folder's row files: metrics.csv, layers.csv and each probe's own (Probe.files),
+    written from the probes' merged Rows of a moment; the trackers see every row as written. A
+    checkpoint records each file's position, and a resumed run reopens them cut back to it (a
+    file an older checkpoint has no position for keeps its rows up to the checkpoint's step)."""
 
+    def __init__(self, out_dir: Path, metrics_columns: Sequence[str], sublayer_keys: Sequence[Tuple],
+                 files: Dict[str, Sequence[str]], layers_columns: Sequence[str] = LAYERS_COLUMNS,
+                 trackers: Optional[Trackers] = None, resume: Optional[Dict] = None):
+        self.sublayer_keys = list(sublayer_keys)
+        trackers = trackers if trackers is not None else Trackers()
+        positions = resume["csv"] if resume is not None else {}
 
-def record(run, step: int, lr, loss, grads, at_init: Optional[Dict] = None, weights_moved: bool = False) -> Dict:
-    """Write the metrics row (and, with probes on, the layers rows) of `step` for a Run.
-    `grads`: (total, per sublayer) gradient norms of this step, None to take them now;
-    `weights_moved`: the weight probe holds the weights from before this step."""
-    row = {"step": step, "lr": lr, "loss": loss}
-    if run.probe is not None:
-        feats, ln_norms, max_logits, stream_norms = run.probe.probe_pass(run.probe_src, run.probe_tgt_in)
-        with torch.no_grad():
-            log_z = log_z_stats(run.model.logits(feats), run.probe_tokens)
-        total, per_sublayer = grads if grads is not None else run.probe.grad_norms()
-        relative = (run.probe.relative_updates() if weights_moved
-                    else torch.full_like(per_sublayer, float("nan")))
-        host = to_host(total=total, update=model_update(feats, run.features_init, run.probe_tokens),
-                       log_z=log_z, grad=per_sublayer, ln=ln_norms, logit=max_logits, relative=relative,
-                       stream=stream_norms)
-        (grad_norm,), (update,), (log_z_mean, log_z_max) = host["total"], host["update"], host["log_z"]
-        row.update(grad_norm=grad_norm, model_update=update, log_z_mean=log_z_mean, log_z_max=log_z_max)
-        rows = rows_for_layers(step, run.probe.keys, host["grad"], host["ln"], host["logit"], host["relative"],
-                               host["stream"])
-        if at_init is not None:
-            row.update(grad_norm=at_init["grad_norm"], output_change=at_init["output_change"])
-            for r, g, c, w2, out in zip(rows, at_init["sublayer_grad_norm"], at_init["input_change"],
-                                        at_init["w2_grad_norm"], at_init["output_grad_norm"]):
-                r.update(grad_norm=g, input_change=c, w2_grad_norm=w2, output_grad_norm=out)
-        if run.weights is not None:
-            rows += weight_rows(run, step, lr if lr is not None else run.sched.get_last_lr()[0], weights_moved)
-        run.layers.write(rows)
-        if run.bound is not None:
-            run.bound_log.write(run.bound.rows(step))
-    if run.is_eval_step(step):
-        row.update(run.task.evaluate(run.model, step))
-        result = run.result
-        best = result["best_eval_loss"]
-        if math.isfinite(row["eval_loss"]) and (best is None or row["eval_loss"] < best):
-            result["best_eval_loss"] = row["eval_loss"]
-        result.update(final_eval_loss=row["eval_loss"], final_eval_acc=row["eval_acc"])
-        run.task.summarise_eval(row, result)
-    row["elapsed_s"] = time.perf_counter() - run.start
-    run.metrics.write([row])
-    return row
+        def open_log(name: str, columns, on_write=None) -> CsvLog:
+            path, key = Path(out_dir) / name, Path(name).stem
+            if resume is not None and positions.get(key) is None:
+                return CsvLog.cut_at_step(path, columns, resume["step"], on_write=on_write)
+            return CsvLog(path, columns, resume_at=positions.get(key), on_write=on_write)
 
+        self.metrics = open_log("metrics.csv", metrics_columns, trackers.metrics_rows)
+        self.layers = open_log("layers.csv", layers_columns, trackers.layers_rows)
+        self.files = {name: open_log(name, columns) for name, columns in files.items()}
 
-DEPENDENCY_COLUMNS = ["step", "stack", "sublayer", "component", "beta"]
+    def write(self, row: Dict, rows: Optional[Rows] = None) -> Dict:
+        """One step's files: the sublayer rows (when a probe measured them) and any whole layers
+        rows, the probes' own files, then the metrics row (`row`: step, lr, loss, eval columns,
+        elapsed_s; the probes' metrics cells added)."""
+        if rows is not None:
+            step = row["step"]
+            layers = [{"step": step, "stack": stack, "layer": layer, "sublayer": name, **cells}
+                      for (stack, layer, name), cells in zip(self.sublayer_keys, rows.sublayers or [])]
+            if rows.sublayers is not None or rows.layers:
+                self.layers.write(layers + rows.layers)
+            self.write_files(rows)
+            row = {**row, **rows.metrics}
+        self.metrics.write([row])
+        return row
 
+    def write_files(self, rows: Rows) -> None:
+        for name, file_rows in rows.files.items():
+            self.files[name].write(file_rows)
 
-def record_dependency(run, step: int) -> None:
-    """probe.dependency: the residual dependency of every sublayer on the probe batch at `step`
-    (probes/dependency.py), written beside the step-0 rows (the file holds init and end only, so
-    a resumed run that rewrites the end leaves the same file)."""
-    path = run.out_dir / DEPENDENCY
-    kept = [] if step == 0 else [r for r in read_csv_rows(path) if r["step"] == "0"]
-    rows = [{"step": step, **r} for r in dependency(run.model, run.probe_src, run.probe_tgt_in)]
-    write_csv(path, DEPENDENCY_COLUMNS, kept + rows)
+    def logs(self) -> List[CsvLog]:
+        return [self.metrics, self.layers, *self.files.values()]
 
+    def positions(self) -> Dict[str, Tuple[int, int]]:
+        return {Path(log.path).stem: log.position() for log in self.logs()}
 
-LAYER_IMPORTANCE_COLUMNS = ["step", "stack", "layer", "eval_loss", "full_eval_loss", "loss_increase"]
+    def sync(self) -> None:
+        for log_file in self.logs():
+            log_file.sync()
 
-
-def record_layer_importance(run, step: int) -> None:
-    """probe.layer_importance: the eval-loss increase of skipping each layer at `step`
-    (probes/layer_importance.py), beside the step-0 rows, as record_dependency."""
-    path = run.out_dir / LAYER_IMPORTANCE
-    kept = [] if step == 0 else [r for r in read_csv_rows(path) if r["step"] == "0"]
-    rows = [{"step": step, **r} for r in layer_importance(run.model, run.task.eval_loss)]
-    write_csv(path, LAYER_IMPORTANCE_COLUMNS, kept + rows)
-
-
-def weight_rows(run, step: int, lr: float, moved: bool) -> List[Dict]:
-    """One layers row per weight matrix (probe.weights); the step's own columns are empty
-    where the weights did not move in it."""
-    norms, angles, row_angles, grads = run.weights.measure().tolist()  # one host sync
-    nan = float("nan")
-    return [{"step": step, "stack": stack, "layer": layer, "sublayer": sublayer, "param": param,
-             "grad_norm": g if moved else nan, "weight_norm": n,
-             "angular_update": a if moved else nan, "row_angular_update": r if moved else nan,
-             "effective_lr": theory.effective_lr(run.optim_name, lr, n), "scale_invariant": inv,
-             "elements": w.numel()}
-            for (stack, layer, sublayer, param), w, n, a, r, g, inv
-            in zip(run.weights.keys, run.weights.weights, norms, angles, row_angles, grads, run.scale_invariant)]
+    def close(self) -> None:
+        for log_file in self.logs():
+            log_file.close()
 
 
 def group_name(cfg: DictConfig) -> str:
@@ -173,7 +134,7 @@ class Progress:
                             desc=f"{group_name(self.cfg)} L{self.cfg.depth}", dynamic_ncols=True)
 
     def update(self, step: int, loss: Optional[float], update: Optional[float]) -> None:
-        """`loss`: None at the steps whose loss the host has not read (GPU, Run.must_sync)."""
+        """`loss`: None at the steps whose loss the host has not read (GPU, Cadence.must_sync)."""
         if not self.enabled:
             return
         first = self.first_step is None

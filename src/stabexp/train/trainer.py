@@ -27,7 +27,8 @@ from stabexp.train import checkpoint, folder
 from stabexp.atomic import remove_partials, write_atomic
 from stabexp.train.files import SUMMARY, RunLock, RunLocked, read_summary, write_json
 from stabexp.train.recording import group_name
-from stabexp.train.run import Run, check_parallel, device_of
+from stabexp.train.build import check_parallel, device_of
+from stabexp.train.run import Run
 from stabexp.train.stop import RunStopped, StopRequests
 from stabexp import tracking
 from stabexp.tracking import Trackers
@@ -132,48 +133,53 @@ def check(cfg: DictConfig) -> None:
 
 def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task,
               state: Optional[Dict] = None, trackers: Optional[Trackers] = None) -> Dict:
-    """The loop: steps, with a checkpoint every train.checkpoint_every steps and when the
-    process is asked to stop (then RunStopped); then what the task measures at the end."""
+    """A Run through its steps (`steps`, the loop), then what the probes and the task measure
+    at the end of a completed run."""
     memory.reset(device_of(cfg.train.device))  # the peak of this run, not of earlier jobs of a sweep
     run = Run(cfg, out_dir, summary, start, task, state=state, trackers=trackers)
-    stop = StopRequests()
     try:
-        with stop:
-            for step in range(run.steps_done + 1, cfg.train.steps + 1):
-                if not run.step(step):
-                    break
-                signum = run.stop_signal(stop.received)
-                if signum is not None:
-                    if run.diverged():
-                        break
-                    run.save_checkpoint()
-                    summary.update(status="interrupted", interrupted_by=signal.Signals(signum).name,
-                                   wall_seconds=time.perf_counter() - run.start)
-                    write_json(Path(out_dir) / SUMMARY, summary)
-                    log.warning("stopped by %s after step %d: checkpoint written, the same command resumes it",
-                                signal.Signals(signum).name, step)
-                    stop.pass_on(signum)
-                if run.is_checkpoint_step(step):
-                    run.save_checkpoint()
-            run.diverged()
+        steps(run, cfg, out_dir, summary)
+        wall = time.perf_counter() - run.start
+        peaks = distributed.gather(memory.peak_mib(run.device))  # every rank's, on K processes
+        run.result.update(steps_done=run.steps_done, wall_seconds=wall,
+                          steps_per_second=run.steps_done / wall if wall > 0 else None,
+                          peak_memory_mib=peaks[0], target_tokens=task.target_tokens,
+                          **({"peak_memory_mib_ranks": peaks} if len(peaks) > 1 else {}))
+        for key in ("checkpoint_step", "interrupted_by"):
+            summary.pop(key, None)
+        if run.result["status"] == "completed" and run.steps_done > 0:
+            run.write_final()
+            finish_start = time.perf_counter()
+            with distributed.full_weights(run.model):
+                final = task.finish(run.model, out_dir)
+            if final:  # e.g. the test decoding, timed apart from the training
+                run.result.update(final, finish_seconds=time.perf_counter() - finish_start)
     finally:
         run.close()
-    wall = time.perf_counter() - run.start
-    peaks = distributed.gather(memory.peak_mib(run.device))  # every rank's, on K processes
-    run.result.update(steps_done=run.steps_done, wall_seconds=wall,
-                      steps_per_second=run.steps_done / wall if wall > 0 else None,
-                      peak_memory_mib=peaks[0], target_tokens=task.target_tokens,
-                      **({"peak_memory_mib_ranks": peaks} if len(peaks) > 1 else {}))
-    for key in ("checkpoint_step", "interrupted_by"):
-        summary.pop(key, None)
-    if run.result["status"] == "completed" and run.steps_done > 0:
-        run.write_final()
-        finish_start = time.perf_counter()
-        with distributed.full_weights(run.model):
-            final = task.finish(run.model, out_dir)
-        if final:  # e.g. the test decoding, timed apart from the training
-            run.result.update(final, finish_seconds=time.perf_counter() - finish_start)
     return run.result
+
+
+def steps(run: Run, cfg: DictConfig, out_dir: Path, summary: Dict) -> None:
+    """The steps left, with a checkpoint every train.checkpoint_every steps and one when the
+    process is asked to stop (then RunStopped, once the signal is passed on)."""
+    with StopRequests() as stop:
+        for step in range(run.steps_done + 1, cfg.train.steps + 1):
+            if not run.step(step):
+                break
+            signum = distributed.agreed_signal(stop.received)
+            if signum is not None:
+                if run.diverged():
+                    break
+                run.save_checkpoint()
+                summary.update(status="interrupted", interrupted_by=signal.Signals(signum).name,
+                               wall_seconds=time.perf_counter() - run.start)
+                write_json(Path(out_dir) / SUMMARY, summary)
+                log.warning("stopped by %s after step %d: checkpoint written, the same command resumes it",
+                            signal.Signals(signum).name, step)
+                stop.pass_on(signum)
+            if run.cadence.is_checkpoint_step(step):
+                run.save_checkpoint()
+        run.diverged()
 
 
 def _finished(out_dir: Path, cfg: DictConfig):

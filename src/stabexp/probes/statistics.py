@@ -1,0 +1,26 @@
+"""The per-token reductions the probes (and z-loss, train/losses.py) share: one definition each."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
+    """Mean of per-token values (B, T) over the real tokens (`tokens`, bool (B, T)), or over
+    every position when there is no padding (tokens None). No host sync."""
+    return values.mean() if tokens is None else (values * tokens).sum() / tokens.sum()
+
+
+def per_token_norm(features: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """sqrt(mean over the (real) tokens of ||features_token||_2^2): the model update's norm, and
+    ||F(x, theta_0)|| that DeepNet's bound compares it with (probes/update_bound.py)."""
+    return token_mean(features.pow(2).sum(-1), tokens).sqrt()
+
+
+def log_z(logits: torch.Tensor) -> torch.Tensor:
+    """log Z = logsumexp_j y_j over the vocabulary, per position (in fp32): the output logits'
+    normaliser, which z-loss pulls to 0 and the log Z probes follow (Wortsman et al. 2023,
+    Sec. 3.1.2)."""
+    return torch.logsumexp(logits.float(), dim=-1)
