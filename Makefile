@@ -6,7 +6,8 @@ BIN    := $(VENV)/bin
 # GPU users: `make install TORCH=torch` (or any pip requirement) before anything else.
 TORCH  ?= torch==2.13.0
 # Optional extras of the package: `make install EXTRAS=test,launchers` adds Hydra's joblib and
-# submitit launchers (SLURM); tensorboard, mlflow, wandb: the trackers; hf: Hugging Face datasets.
+# submitit launchers (SLURM); tensorboard, mlflow, wandb: the trackers; hf: Hugging Face datasets;
+# monitor: transformers and Lightning, for stabexp.monitor on models of one's own.
 # `make test` installs them all: their tests need them.
 EXTRAS ?= test
 comma  := ,
@@ -60,7 +61,7 @@ PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 # torchscale (Microsoft's DeepNet code) for tests/test_crosscheck.py, without its dependencies:
 # its timm pulls torchvision, and scripts/crosscheck_torchscale.py stands in for timm's drop_path.
-TEST_EXTRAS := test,launchers,tensorboard,mlflow,wandb,hf
+TEST_EXTRAS := test,launchers,tensorboard,mlflow,wandb,hf,monitor
 
 test:
 	$(MAKE) install EXTRAS=$(TEST_EXTRAS)

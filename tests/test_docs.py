@@ -238,7 +238,7 @@ def test_the_plugin_examples_run_as_written(stabexp_main, tmp_path, monkeypatch,
     from conftest import TINY
 
     modules = _page_modules(ROOT / "docs" / "plugins.md")
-    assert set(modules) == {"mylab_norms", "mylab_init", "mylab_tasks", "mylab_optim"}
+    assert set(modules) == {"mylab_norms", "mylab_init", "mylab_tasks", "mylab_optim", "mylab_probes"}
     for name, code in modules.items():
         (tmp_path / f"{name}.py").write_text(code)
         monkeypatch.delitem(sys.modules, name, raising=False)  # imported here by this run, or not at all
@@ -247,6 +247,81 @@ def test_the_plugin_examples_run_as_written(stabexp_main, tmp_path, monkeypatch,
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and check(summary), summary
+
+
+def test_the_probe_example_registered_by_its_entry_point_runs_and_resumes(stabexp_main, make_cfg, tmp_path,
+                                                                         monkeypatch):
+    """docs/plugins.md's probe, one file registered by the page's entry point: `probe.extra` names it,
+    its file holds a row per probe step after the first, each the cosine of the two gradients,
+    and a run stopped after a checkpoint and resumed writes the same rows."""
+    import pandas as pd
+
+    from stabexp import plugins
+    from stabexp.train import trainer
+
+    from conftest import TINY
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mylab_probes.py").write_text(_page_modules(ROOT / "docs" / "plugins.md")["mylab_probes"])
+    toml = re.search(r'\[project\.entry-points\."stabexp\.probes"\]\n(\w+) = "([\w.:]+)"',
+                     (ROOT / "docs" / "plugins.md").read_text())
+    info = site / "mylab-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mylab\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[stabexp.probes]\n{toml.group(1)} = {toml.group(2)}\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "mylab_probes", raising=False)
+    plugins.clear()  # the registries read the entry points again, this package's among them
+    try:
+        overrides = ["train.steps=12", "probe.every=2", "train.eval_every=4", "train.checkpoint_every=4",
+                     "probe.extra=[grad_cosine]"]
+        r = stabexp_main("run", *TINY, *overrides, "hydra.run.dir=" + str(tmp_path / "whole"))
+        assert r.returncode == 0, r.stderr
+        rows = pd.read_csv(tmp_path / "whole" / "grad_cosine.csv")
+        assert rows.step.tolist() == [2, 4, 6, 8, 10, 12]  # the probe steps 1, 2, 4, ...: from the second on
+        assert rows.grad_cosine.between(-1, 1).all() and rows.grad_cosine.nunique() == 6
+        from stabexp import api
+
+        pd.testing.assert_frame_equal(api.load_run(tmp_path / "whole").table("grad_cosine"), rows)
+
+        real = trainer.Run.step
+
+        def stop_at_seven(run, step):
+            if step == 7:
+                raise KeyboardInterrupt
+            return real(run, step)
+        monkeypatch.setattr(trainer.Run, "step", stop_at_seven)
+        cfg = make_cfg(*overrides)
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train(cfg, tmp_path / "resumed")
+        monkeypatch.setattr(trainer.Run, "step", real)
+        assert trainer.train(cfg, tmp_path / "resumed")["resumed_from"] == [4]
+        resumed = pd.read_csv(tmp_path / "resumed" / "grad_cosine.csv")
+        pd.testing.assert_frame_equal(resumed, rows, check_exact=True)
+    finally:
+        monkeypatch.undo()
+        plugins.clear()
+
+
+def test_the_monitor_example_runs_as_written_and_report_reads_its_folder(tmp_path, monkeypatch, capsys):
+    """docs/probes.md's plain loop, run as the page shows it (`python monitor_gpt2.py`), then
+    `stabexp report outputs/monitor` on what it wrote."""
+    import runpy
+
+    import pandas as pd
+
+    from stabexp.report import main as report
+
+    code = _page_modules(ROOT / "docs" / "probes.md")["monitor_gpt2"]
+    (tmp_path / "monitor_gpt2.py").write_text(code)
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(tmp_path / "monitor_gpt2.py"), run_name="__main__")
+    folder = tmp_path / "outputs" / "monitor" / "gpt2_4L"
+    metrics = pd.read_csv(folder / "metrics.csv")
+    assert metrics.step.tolist() == list(range(21)) + [30, 40, 50] and metrics.model_update.loc[1:].gt(0).all()
+    assert report(["outputs/monitor"]) == 0
+    assert "| gpt2 |" in capsys.readouterr().out
 
 
 def test_the_readme_glob_sweep_says_how_many_groups_it_runs():

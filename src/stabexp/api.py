@@ -76,6 +76,11 @@ class Run:
     def status(self) -> str:
         return self.summary.get("status", "unknown")
 
+    def table(self, name: str) -> pd.DataFrame:
+        """Any CSV file of the folder by its name (`grad_cosine` for grad_cosine.csv): the file of a
+        plug-in probe (probe.extra); empty when the folder has none."""
+        return _csv(self.folder / f"{name}.csv")
+
     @property
     def tables(self) -> Tables:
         """The run as a sweep of one (runs, metrics, layers with the run's columns), read when asked."""

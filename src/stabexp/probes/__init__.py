@@ -11,10 +11,11 @@ module holds the measures; each probe that a run calls is a class of stabexp.pro
   of the output log Z (Sec. 3.1.2, `log_z_stats`) and each sublayer's update RMS relative to
   its weights' RMS (`LayerProbe.relative_updates`; the paper follows the update RMS per layer).
 
-Probes observe the model one way only: PyTorch forward hooks on the submodules that
-model/transformer.py names for it (the residual sublayers, their stream norm `ln`, their
-branch, each attention's `scores` inside `explicit_attention()`), attached for one pass and
-removed after it (`hooked`), so training runs the model without any.
+Probes observe the model one way only: PyTorch forward hooks on the submodules its adapter
+names (probes/adapters.py; for stabexp's models, those model/transformer.py names: the residual
+sublayers, their stream norm `ln`, their branch, each attention's `scores` inside
+`explicit_attention()`), attached for one pass and removed after it (`hooked`), so training
+runs the model without any.
 """
 
 from __future__ import annotations
@@ -26,19 +27,22 @@ import torch
 import torch.nn as nn
 
 from stabexp.distributed import local
-from stabexp.model.transformer import Seq2SeqTransformer, attention_logits, explicit_attention
-from stabexp.modes import eval_mode
+from stabexp.model.transformer import attention_logits
 from stabexp.probes.statistics import log_z, per_token_norm, token_mean
 
 
 @contextmanager
 def hooked(hooks: Iterable[Tuple[nn.Module, str, Callable]]):
-    """Attach (module, "pre" | "post", fn) forward hooks for the block, remove them after it."""
+    """Attach (module, "pre" | "post" | "pre_kwargs", fn) forward hooks for the block, remove them
+    after it ("pre_kwargs": a pre-hook that also sees the keyword inputs, fn(module, args, kwargs))."""
     handles = []
     try:
         for module, when, fn in hooks:
-            register = module.register_forward_pre_hook if when == "pre" else module.register_forward_hook
-            handles.append(register(fn))
+            if when == "pre_kwargs":
+                handles.append(module.register_forward_pre_hook(fn, with_kwargs=True))
+            else:
+                register = module.register_forward_pre_hook if when == "pre" else module.register_forward_hook
+                handles.append(register(fn))
         yield
     finally:
         for h in handles:
@@ -63,11 +67,11 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
     return per_token_norm(features - features_init, tokens)
 
 
-def reference_features(model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-    """F(x, theta) on the probe batch as every probe step takes it (`LayerProbe.probe_pass`: eval
-    mode, attention by hand), so that the model update at step 0 is exactly 0: a copy, kept."""
-    with torch.inference_mode(), eval_mode(model), explicit_attention():
-        features = model.features(src, tgt_in)
+def reference_features(adapter, batch) -> torch.Tensor:
+    """F(x, theta) on the probe batch as every probe step takes it (the adapter's probe pass,
+    LayerProbe.measure_pass), so that the model update at step 0 is exactly 0: a copy, kept."""
+    with torch.inference_mode():
+        features = adapter.probe_pass(batch)[0]
     return features.clone()
 
 
@@ -80,12 +84,14 @@ def log_z_stats(logits: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> 
 
 
 class LayerProbe:
-    """Per-sublayer statistics of a model, in `model.residuals()` order.
+    """Per-sublayer statistics of a model, in the order its adapter lists the residual
+    sublayers (stabexp.probes.adapters; `model.residuals()` for stabexp's own).
 
     The parameters of a sublayer are its branch (attention or FFN), its norms and its
     placement's scalars (Admin's omega, Fixup's shift and scale); a parameter shared by the
-    sublayers of a layer (ReZero's alpha) counts in the layer's last one. Norms come from one torch._foreach_norm over all gradients, summed per
-    sublayer on device, so there is no Python work per parameter beyond building lists.
+    sublayers of a layer (ReZero's alpha) counts in the layer's last one. Norms come from one
+    torch._foreach_norm over all gradients, summed per sublayer on device, so there is no
+    Python work per parameter beyond building lists.
 
     A model sharded by FSDP2 (stabexp.distributed) holds each parameter and gradient as a
     DTensor shard: the squared norms are then taken of the local shards and summed across the
@@ -93,24 +99,19 @@ class LayerProbe:
     relative updates).
     """
 
-    def __init__(self, model: Seq2SeqTransformer,
-                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
-        self.model = model
+    def __init__(self, model, reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        from stabexp.probes.adapters import adapter_for
+
+        self.adapter = adapter_for(model)  # a model, or the adapter of one
+        self.model = self.adapter.model
         self.reduce = reduce
-        self.keys: List[Tuple[str, int, str]] = []
-        self.residuals = [res for *_, res in model.residuals()]
-        self.stacks = [stack for stack, *_ in model.residuals()]
-        sublayer_of = {}
-        for i, (stack, layer, name, res) in enumerate(model.residuals()):
-            self.keys.append((stack, layer, name))
-            for p in res.parameters():
-                sublayer_of[id(p)] = i
-        self.params = list(model.parameters())
+        self.sublayers = self.adapter.sublayers()
+        self.keys: List[Tuple[str, int, str]] = [(s.stack, s.layer, s.name) for s in self.sublayers]
+        sublayer_of = {id(p): i for i, s in enumerate(self.sublayers) for p in s.parameters}
+        self.params = list(self.model.parameters())
         # Bucket of each parameter: its sublayer, or len(keys) for embeddings and final LNs.
         owner = [sublayer_of.get(id(p), len(self.keys)) for p in self.params]
         self.owner = torch.tensor(owner, dtype=torch.long, device=self.params[0].device)
-        # The attention of each sublayer (None: an FFN, or a model without attention).
-        self.attentions = list(model.attentions()) if hasattr(model, "attentions") else [None] * len(self.keys)
         # The relative update runs over the sublayers' weight matrices: on a CPU the cost of a
         # _foreach op is per tensor, and biases, norms and scalars are two thirds of them.
         self.matrices = [(i, p) for p, i in zip(self.params, owner) if p.dim() >= 2 and i < len(self.keys)]
@@ -162,40 +163,47 @@ class LayerProbe:
     def features_with_ln_norms(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.probe_pass(src, tgt_in)[:2]
 
+    def probe_pass(self, *batch) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(F, ln_input_norm, max_attn_logit, stream_norm) on stabexp's batch (src, tgt_in)."""
+        return self.measure_pass(batch)[:4]
+
     @torch.inference_mode()
-    def probe_pass(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def measure_pass(self, batch):
         """F(x, theta) in eval mode (no dropout), plus, on the same pass, each sublayer's
         ln_input_norm (over the real tokens of its stack's input), its largest attention
         logit (NaN for an FFN) and its stream_norm, the mean norm per token of the residual
-        stream x entering it, which every placement has. Attention runs by hand here (`explicit_attention`), so F here
-        and the fused kernel's F differ by rounding (about 1e-7)."""
+        stream x entering it, which every placement has; and the logits where the adapter's
+        pass gives them (None: the model's `logits(F)`). stabexp's attention runs by hand here
+        (`explicit_attention`), so F here and the fused kernel's F differ by rounding (about 1e-7)."""
         n = len(self.keys)
-        tokens = self.model.token_masks(src, tgt_in)
+        tokens = self.adapter.token_masks(batch)
         ln_norms: List[Optional[torch.Tensor]] = [None] * n
         stream_norms: List[Optional[torch.Tensor]] = [None] * n
         max_logits: List[Optional[torch.Tensor]] = [None] * n
 
-        def mean_input_norm(into: List, i: int, real: Optional[torch.Tensor]):
-            def hook(module, args):
-                into[i] = token_mean(torch.linalg.vector_norm(args[0].detach(), dim=-1), real)
+        def mean_norm(into: List, i: int, real: Optional[torch.Tensor], output: bool = False):
+            def hook(module, args, *out):
+                x = out[0] if output else args[0]
+                into[i] = token_mean(torch.linalg.vector_norm(x.detach(), dim=-1), real)
             return hook
 
-        def largest_logit(i: int):
-            def hook(module, args, logits):
-                max_logits[i] = logits.amax()
+        def largest_logit(i: int, logits: Callable):
+            def hook(*args):
+                max_logits[i] = logits(*args).amax()
             return hook
 
-        hooks = [(res.ln, "pre", mean_input_norm(ln_norms, i, tokens.get(stack)))
-                 for i, (res, stack) in enumerate(zip(self.residuals, self.stacks)) if hasattr(res, "ln")]
-        hooks += [(res, "pre", mean_input_norm(stream_norms, i, tokens.get(stack)))
-                  for i, (res, stack) in enumerate(zip(self.residuals, self.stacks))]
-        hooks += [(attn.scores, "post", largest_logit(i)) for i, attn in enumerate(self.attentions) if attn is not None]
-        with eval_mode(self.model, only_if_dropout=True), explicit_attention(), hooked(hooks):
-            feats = self.model.features(src, tgt_in)
+        hooks = [(s.norm, "pre", mean_norm(ln_norms, i, tokens.get(s.stack)))
+                 for i, s in enumerate(self.sublayers) if s.norm is not None]
+        hooks += [(s.stream[0], s.stream[1], mean_norm(stream_norms, i, tokens.get(s.stack), s.stream[1] == "post"))
+                  for i, s in enumerate(self.sublayers)]
+        hooks += [(s.attention[0], s.attention[1], largest_logit(i, s.attention[2]))
+                  for i, s in enumerate(self.sublayers) if s.attention is not None]
+        with hooked(hooks):
+            feats, logits = self.adapter.probe_pass(batch)
         if not n:
-            return feats, feats.new_zeros(0), feats.new_zeros(0), feats.new_zeros(0)
+            return feats, feats.new_zeros(0), feats.new_zeros(0), feats.new_zeros(0), logits
         # NaN (an empty cell) where a placement has no norm on the stream (ReZero, Fixup,
         # T-Fixup), and for the attention logit of an FFN.
         nan = feats.new_full((), float("nan"))
         return (feats, torch.stack([v if v is not None else nan for v in ln_norms]),
-                torch.stack([v if v is not None else nan for v in max_logits]), torch.stack(stream_norms))
+                torch.stack([v if v is not None else nan for v in max_logits]), torch.stack(stream_norms), logits)

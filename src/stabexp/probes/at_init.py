@@ -22,7 +22,7 @@ from stabexp.probes.statistics import token_mean
 from stabexp.errors import need
 from stabexp.modes import eval_mode
 from stabexp.probes import LayerProbe, hooked
-from stabexp.probes.base import PROBE_BATCH, SUBLAYERS, TASK, Probe, Rows, refuse_unless
+from stabexp.probes.base import PROBE_BATCH, STABEXP_MODEL, SUBLAYERS, TASK, Probe, Rows, refuse_unless
 
 PERTURBATION = 1e-4  # Admin / Clinic: delta = 1e-4 * sign(N(0, 1))
 
@@ -130,7 +130,7 @@ class AtInit(Probe):
     a fork of it, and the training run's own dropout masks stay those of a run without it."""
 
     name = flag = "at_init"
-    needs = (SUBLAYERS, PROBE_BATCH, TASK)
+    needs = (SUBLAYERS, PROBE_BATCH, TASK, STABEXP_MODEL)
     metrics_columns = ("grad_norm", "output_change")
     layers_columns = ("grad_norm", "input_change", "w2_grad_norm", "output_grad_norm")
 

@@ -14,7 +14,7 @@ any other.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -27,7 +27,8 @@ SUBLAYERS = "sublayers"      # the model's residual sublayers, their stream norm
 PROBE_BATCH = "probe_batch"  # a fixed batch, the same at every probe step
 REFERENCE = "reference"      # F(x, theta_0) on the probe batch, taken at init and kept for resume
 TASK = "task"                # the task: its init batches, loss, and eval loss
-NEEDS = (SUBLAYERS, PROBE_BATCH, REFERENCE, TASK)
+STABEXP_MODEL = "stabexp_model"  # stabexp's own model: its placements' formulas and branches
+NEEDS = (SUBLAYERS, PROBE_BATCH, REFERENCE, TASK, STABEXP_MODEL)
 
 # How a probe's numbers combine over K processes (`Probe.combine`). Under DDP every rank holds
 # the whole model and computes the same numbers, which rank 0 writes; under FSDP2 a rank holds
@@ -59,11 +60,12 @@ class ProbeContext:
     """What a probe sees of the run: built once by the run or the monitor, read-only to probes."""
 
     model: nn.Module                 # the eager model (never the DDP / compiled wrapper)
+    adapter: Any                     # where its sublayers are (stabexp.probes.adapters.Adapter)
     cfg: DictConfig                  # the run's config; a probe reads its keys under `probe`
     device: torch.device
     summary: Dict[str, Any]          # summary.json's dict: a probe may add what it resolved at init
-    probe_batch: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # (src, tgt_in)
-    probe_tokens: Optional[torch.Tensor] = None  # the real target tokens of the probe batch (B, T)
+    probe_batch: Any = None          # the fixed batch, as the adapter takes it ((src, tgt_in) for stabexp's)
+    probe_tokens: Optional[torch.Tensor] = None  # the rows of F(x, theta) that are real tokens (B, T)
     task: Any = None                 # stabexp.data.Task, where the probe needs TASK
     lr: Callable[[], float] = lambda: float("nan")  # the lr of the step just taken (or the first)
     optimiser: str = ""              # the optimiser's PyTorch form (theory.effective_lr's name)
@@ -186,7 +188,7 @@ class ProbeSet:
         if any(REFERENCE in p.needs for p in self.probes):
             from stabexp.probes import reference_features
 
-            self.ctx.features_init = reference_features(self.ctx.model, *self.ctx.probe_batch)
+            self.ctx.features_init = reference_features(self.ctx.adapter, self.ctx.probe_batch)
         at_init = [p.at_init() for p in self.probes]
         return merge([p.measure(0) for p in self.due(0, True)] + at_init)
 

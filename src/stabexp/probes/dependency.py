@@ -36,7 +36,7 @@ from stabexp.model.transformer import Admin, DeepNorm, Residual
 from stabexp.modes import eval_mode
 from stabexp.probes import hooked
 from stabexp.config import model_norm, placements as stack_placements
-from stabexp.probes.base import PROBE_BATCH, SUBLAYERS, Probe, Rows, refuse_unless
+from stabexp.probes.base import PROBE_BATCH, STABEXP_MODEL, SUBLAYERS, Probe, Rows, refuse_unless
 
 BIAS = -1  # the component of the norms' biases
 
@@ -163,7 +163,7 @@ class Dependency(Probe):
     the end of a completed run, into dependency.csv."""
 
     name = flag = "dependency"
-    needs = (SUBLAYERS, PROBE_BATCH)
+    needs = (SUBLAYERS, PROBE_BATCH, STABEXP_MODEL)
     files = {"dependency.csv": ("step", "stack", "sublayer", "component", "beta")}
 
     @classmethod

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List
 import torch.nn as nn
 
 from stabexp.probes import hooked
-from stabexp.probes.base import TASK, Probe, Rows, refuse_unless
+from stabexp.probes.base import STABEXP_MODEL, TASK, Probe, Rows, refuse_unless
 
 
 def _pass_input_on(module, inputs, output):
@@ -42,7 +42,7 @@ class LayerImportance(Probe):
     end of a completed run, into layer_importance.csv: one eval pass per layer each time."""
 
     name = flag = "layer_importance"
-    needs = (TASK,)
+    needs = (TASK, STABEXP_MODEL)
     files = {"layer_importance.csv": ("step", "stack", "layer", "eval_loss", "full_eval_loss", "loss_increase")}
 
     @classmethod

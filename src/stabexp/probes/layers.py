@@ -45,7 +45,7 @@ class SublayerStats(Probe):
 
     def __init__(self, ctx: ProbeContext):
         super().__init__(ctx)
-        self.layer_probe = LayerProbe(ctx.model, reduce=ctx.reduce_sum if ctx.sharded else None)
+        self.layer_probe = LayerProbe(ctx.adapter, reduce=ctx.reduce_sum if ctx.sharded else None)
         self.grads = None      # (total, per sublayer) of the step being probed
         self.moved = False     # a snapshot of the weights before this step was taken
 
@@ -56,9 +56,9 @@ class SublayerStats(Probe):
 
     def measure(self, step: int) -> Rows:
         ctx, probe = self.ctx, self.layer_probe
-        feats, ln_norms, max_logits, stream_norms = probe.probe_pass(*ctx.probe_batch)
+        feats, ln_norms, max_logits, stream_norms, logits = probe.measure_pass(ctx.probe_batch)
         with torch.no_grad():
-            log_z = log_z_stats(ctx.model.logits(feats), ctx.probe_tokens)
+            log_z = log_z_stats(logits if logits is not None else ctx.model.logits(feats), ctx.probe_tokens)
         total, per_sublayer = self.grads if self.grads is not None else probe.grad_norms()
         relative = probe.relative_updates() if self.moved else torch.full_like(per_sublayer, float("nan"))
         self.grads, self.moved = None, False

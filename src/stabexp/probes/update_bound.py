@@ -50,7 +50,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from stabexp.config import placements as stack_placements
-from stabexp.probes.base import REFERENCE, SUBLAYERS, Probe, ProbeContext, Rows, refuse_unless
+from stabexp.probes.base import REFERENCE, STABEXP_MODEL, SUBLAYERS, Probe, ProbeContext, Rows, refuse_unless
 from stabexp.probes.statistics import per_token_norm
 
 COLUMNS = ["step", "stack", "layer", "sublayer", "alpha", "v", "w", "param_change", "term",
@@ -117,7 +117,7 @@ class UpdateBoundProbe(Probe):
     update divides by (stabexp.analysis, `update_bound_table`)."""
 
     name = flag = "update_bound"
-    needs = (SUBLAYERS, REFERENCE)
+    needs = (SUBLAYERS, REFERENCE, STABEXP_MODEL)
     files = {"update_bound.csv": COLUMNS}
 
     @classmethod

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from stabexp import theory
 from stabexp.modes import eval_mode
-from stabexp.probes.base import Probe, ProbeContext, Rows, refuse_unless
+from stabexp.probes.base import PROBE_BATCH, Probe, ProbeContext, Rows, refuse_unless
 
 Key = Tuple[str, int, str, str]  # (stack, layer, sublayer, param)
 
@@ -109,6 +109,7 @@ class Weights(Probe):
     equilibrium norms theory.py predicts, into the summary beside the other equilibria."""
 
     name = flag = "weights"
+    needs = (PROBE_BATCH,)
     layers_columns = ("param", "grad_norm", "weight_norm", "angular_update", "row_angular_update",
                       "effective_lr", "scale_invariant", "elements")
 
@@ -132,8 +133,7 @@ class Weights(Probe):
 
     def at_init(self) -> None:
         ctx = self.ctx
-        src, tgt_in = ctx.probe_batch
-        self.scale_invariant = scale_invariance(ctx.model, lambda: ctx.model(src, tgt_in))
+        self.scale_invariant = scale_invariance(ctx.model, lambda: ctx.adapter.output(ctx.probe_batch))
         self._equilibrium_norms(ctx.summary)
 
     def _equilibrium_norms(self, summary: Dict) -> None:

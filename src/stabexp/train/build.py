@@ -14,6 +14,7 @@ from stabexp import distributed, plugins, theory
 from stabexp.config import ConfigError
 from stabexp.data import Task
 from stabexp.model import build_model, initialise
+from stabexp.probes.adapters import StabexpAdapter
 from stabexp.probes.base import ProbeContext, ProbeSet
 from stabexp.tracking import Trackers
 from stabexp.train.recording import Recorder, metrics_columns
@@ -86,7 +87,7 @@ def probes_for(cfg: DictConfig, model: torch.nn.Module, task: Task, probe_batch,
     ProbeContext; `lr()`: the lr of the step just taken."""
     src, tgt_in = probe_batch
     sharded = distributed.is_sharded(model)
-    ctx = ProbeContext(model=model, cfg=cfg, device=device, summary=summary, probe_batch=(src, tgt_in),
+    ctx = ProbeContext(model=model, adapter=StabexpAdapter(model), cfg=cfg, device=device, summary=summary, probe_batch=(src, tgt_in),
                        probe_tokens=model.feature_mask(src, tgt_in), task=task, lr=lr, sharded=sharded,
                        optimiser=torch_form(cfg.optim.name, cfg.optim.weight_decay, cfg.train.lr)[0],
                        reduce_sum=distributed.sum_ if sharded else None)

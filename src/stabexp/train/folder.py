@@ -157,9 +157,12 @@ def refused(out_dir: Path, cfg: DictConfig) -> Optional[str]:
 
 
 def clear(out_dir: Path) -> None:
-    """Remove the files of the folder's previous run (overwrite=true)."""
+    """Remove the files of the folder's previous run (overwrite=true), a plug-in probe's CSV
+    files among them."""
     for name in RUN_FILES:
         (Path(out_dir) / name).unlink(missing_ok=True)
+    for path in Path(out_dir).glob("*.csv"):
+        path.unlink()
 
 
 def write_hydra_record(out_dir: Path, cfg: DictConfig) -> None:

@@ -1,0 +1,320 @@
+"""Where a model's residual sublayers, stream norms and attention scores are: what the probes need
+to know of a model, so that they run on stabexp's own models and on others alike (docs/probes.md,
+"Adapters"; `stabexp.monitor` attaches them to a model and a loop of one's own).
+
+An adapter lists the model's residual sublayers (`Sublayer`: its parameters, the module whose
+input or output is the residual stream entering it, the norm on that stream, a hook giving its
+attention logits) and runs the probe pass: the model in eval mode on the probe batch, returning
+F(x, theta), the final hidden state before the output projection, and the logits. Three come
+with stabexp: `StabexpAdapter` (its own models, exact to the trainer's numbers),
+`TorchTransformerAdapter` (a model built on torch.nn.Transformer or its encoder / decoder) and
+`HFDecoderAdapter` (Hugging Face transformers' GPT-2 and Llama-style decoders). `adapter_for`
+picks one; any other model is a subclass of `Adapter` with `sublayers` and `probe_pass`.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from stabexp.model.transformer import explicit_attention
+from stabexp.modes import eval_mode
+
+# A forward hook (module, "pre" | "post" | "pre_kwargs", fn): "pre" fn(module, args); "post"
+# fn(module, args, output); "pre_kwargs" fn(module, args, kwargs), for a module whose inputs
+# come by keyword. An attention hook's fn returns the sublayer's logits (B, h, T, S), or their
+# largest value.
+Hook = Tuple[nn.Module, str, Callable]
+
+
+@dataclass
+class Sublayer:
+    """One residual sublayer of a model, as the probes see it."""
+
+    stack: str                      # "encoder" or "decoder" (a single-stack model: its one stack)
+    layer: int                      # 1-based, bottom-up in its stack
+    name: str                       # "self_attn", "cross_attn" or "ffn"
+    parameters: List[nn.Parameter]  # its own: the branch, its norms, the placement's scalars
+    stream: Tuple[nn.Module, str]   # (module, "pre"): its first input is the residual stream x
+                                    # entering the sublayer; (module, "post"): its output is
+    norm: Optional[nn.Module] = None  # the norm on the stream (ln_input_norm: its input); None: none
+    attention: Optional[Hook] = None  # the hook that gives its attention logits; None: an FFN
+
+
+class Adapter:
+    """What the probes know of one model. Subclasses give `sublayers` and `probe_pass`; the
+    masks default to every position being a real token."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def sublayers(self) -> List[Sublayer]:
+        raise NotImplementedError
+
+    def probe_pass(self, batch) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(F(x, theta) (B, T, d), the logits (B, T, V) or None) on `batch`, the model in eval
+        mode (no dropout) and every attention's logits within reach of its hook."""
+        raise NotImplementedError
+
+    def output(self, batch) -> torch.Tensor:
+        """The model's output on `batch` (its logits), as its training loop calls it."""
+        return _logits_of(_call(self.model, batch))
+
+    def token_masks(self, batch) -> Dict[str, Optional[torch.Tensor]]:
+        """Per stack, the real tokens of its input (B, T) bool; None: every position."""
+        return {s.stack: None for s in self.sublayers()}
+
+    def feature_mask(self, batch) -> Optional[torch.Tensor]:
+        """The rows of F that are real tokens (B, T) bool; None: every row."""
+        return None
+
+
+class StabexpAdapter(Adapter):
+    """stabexp's own models (model/): their `residuals()`, each sublayer's stream norm `ln`, and
+    each attention's `scores`, through which the logits pass inside `explicit_attention()`."""
+
+    def sublayers(self) -> List[Sublayer]:
+        model = self.model
+        attentions = list(model.attentions()) if hasattr(model, "attentions") else None
+        found = []
+        for i, (stack, layer, name, res) in enumerate(model.residuals()):
+            attn = attentions[i] if attentions is not None else None
+            found.append(Sublayer(stack, layer, name, list(res.parameters()), (res, "pre"), getattr(res, "ln", None),
+                                  (attn.scores, "post", lambda module, args, logits: logits.amax())
+                                  if attn is not None else None))
+        return found
+
+    def probe_pass(self, batch) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        src, tgt_in = batch[:2]
+        with eval_mode(self.model, only_if_dropout=True), explicit_attention():
+            return self.model.features(src, tgt_in), None
+
+    def output(self, batch) -> torch.Tensor:
+        return self.model(*batch[:2])
+
+    def token_masks(self, batch):
+        return self.model.token_masks(*batch[:2])
+
+    def feature_mask(self, batch):
+        return self.model.feature_mask(*batch[:2])
+
+
+def _call(model: nn.Module, batch) -> Any:
+    """A model called on a batch as it is usually called: keywords from a dict, arguments from a
+    tuple or list, one tensor as it is."""
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def _logits_of(output) -> Optional[torch.Tensor]:
+    """The logits in a model's output: a Hugging Face output's `.logits`, a tensor, or the first
+    tensor of a tuple."""
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
+
+
+@contextmanager
+def _captured_output(module: nn.Module):
+    """The output of `module` in the block's forward passes: the last call's, in box[0]."""
+    box: List[torch.Tensor] = []
+
+    def keep(module, args, output):
+        box[:] = [output]
+    handle = module.register_forward_hook(keep)
+    try:
+        yield box
+    finally:
+        handle.remove()
+
+
+def _largest_logit(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """The largest attention logit q.k * scale over batch, heads and the (query, key) pairs the
+    attention may use (Wortsman et al. 2023, Sec. 3.1.1); q (B, h, T, d_h), k (B, h, S, d_h).
+    Padded keys are not left out: the models these adapters serve are trained unpadded here."""
+    logits = q @ k.transpose(-1, -2) * scale
+    if causal:
+        future = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device).triu_(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    return logits.amax()
+
+
+class TorchTransformerAdapter(Adapter):
+    """A model built on torch.nn.Transformer, nn.TransformerEncoder or nn.TransformerDecoder
+    (the first such module inside it): each layer's self-attention, cross-attention (decoder)
+    and FFN sublayers, Post-LN or Pre-LN as the layer's `norm_first` says. F(x, theta) is that
+    module's output; the logits, the model's own output. The probe pass turns off PyTorch's
+    fused fast path, which would run the layers without calling their submodules."""
+
+    def __init__(self, model: nn.Module, causal_decoder: bool = True):
+        super().__init__(model)
+        self.body = next(m for m in model.modules()
+                         if isinstance(m, (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder)))
+        self.causal_decoder = causal_decoder  # the decoder's self-attention is causal (a tgt_mask)
+
+    def _stacks(self):
+        body = self.body
+        if isinstance(body, nn.Transformer):
+            return [("encoder", body.encoder.layers), ("decoder", body.decoder.layers)]
+        if isinstance(body, nn.TransformerEncoder):
+            return [("encoder", body.layers)]
+        return [("decoder", body.layers)]
+
+    def sublayers(self) -> List[Sublayer]:
+        found = []
+        for stack, layers in self._stacks():
+            for i, layer in enumerate(layers, start=1):
+                decoder = isinstance(layer, nn.TransformerDecoderLayer)
+                attns = [("self_attn", layer.self_attn, layer.norm1, stack == "decoder" and self.causal_decoder)]
+                if decoder:
+                    attns.append(("cross_attn", layer.multihead_attn, layer.norm2, False))
+                ffn_norm = layer.norm3 if decoder else layer.norm2
+                # Post-LN: the stream entering a sublayer is the previous norm's output (the
+                # layer's input for the first), and its norm takes x + G(x); Pre-LN: the norm
+                # takes the stream itself.
+                previous: Tuple[nn.Module, str] = (layer, "pre")
+                for name, attn, norm, causal in attns:
+                    stream = (norm, "pre") if layer.norm_first else previous
+                    found.append(Sublayer(stack, i, name, [*attn.parameters(), *norm.parameters()], stream, norm,
+                                          (attn, "pre_kwargs", self._mha_logits(causal))))
+                    previous = (norm, "post")
+                ffn = [*layer.linear1.parameters(), *layer.linear2.parameters(), *ffn_norm.parameters()]
+                found.append(Sublayer(stack, i, "ffn", ffn, (ffn_norm, "pre") if layer.norm_first else previous,
+                                      ffn_norm))
+        return found
+
+    @staticmethod
+    def _mha_logits(causal: bool) -> Callable:
+        def logits(mha: nn.MultiheadAttention, args, kwargs):
+            query = args[0] if args else kwargs["query"]
+            key = args[1] if len(args) > 1 else kwargs["key"]
+            if not mha.batch_first:
+                query, key = query.transpose(0, 1), key.transpose(0, 1)
+            d, h = mha.embed_dim, mha.num_heads
+            w_q, w_k = mha.in_proj_weight[:d], mha.in_proj_weight[d:2 * d]
+            b_q, b_k = (mha.in_proj_bias[:d], mha.in_proj_bias[d:2 * d]) if mha.in_proj_bias is not None else (None, None)
+            q = nn.functional.linear(query, w_q, b_q).unflatten(-1, (h, d // h)).transpose(1, 2)
+            k = nn.functional.linear(key, w_k, b_k).unflatten(-1, (h, d // h)).transpose(1, 2)
+            return _largest_logit(q, k, causal, 1.0 / math.sqrt(d // h))
+        return logits
+
+    def probe_pass(self, batch):
+        fast = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            with eval_mode(self.model), _captured_output(self.body) as box:
+                output = _call(self.model, batch)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fast)
+        features = box[0]
+        if not self._stacks()[0][1][0].self_attn.batch_first:  # (T, B, d) -> (B, T, d)
+            features = features.transpose(0, 1)
+        return features, _logits_of(output)
+
+
+class HFDecoderAdapter(Adapter):
+    """A Hugging Face transformers decoder-only model (built from a config or loaded): GPT-2
+    (`transformer.h[i]`: ln_1, attn, ln_2, mlp) and the Llama layout (`model.layers[i]`:
+    input_layernorm, self_attn, post_attention_layernorm, mlp; q and k are q_proj, k_proj and
+    the rotary embedding, as in Mistral and Qwen2; one that normalises q and k is refused). Both are Pre-LN: the stream
+    entering a sublayer is its norm's input. F(x, theta) is the last hidden state (after the
+    final norm); the logits, the model's. The attention logits are recomputed from the
+    sublayer's own input in the probe pass: GPT-2's q, k from c_attn (with its scale and
+    scale_attn_by_inverse_layer_idx); Llama's from q_proj, k_proj with the rotary embedding the
+    layer is given, the key heads repeated for grouped-query attention. The batch is a dict of
+    the model's inputs (input_ids, attention_mask) or the input ids."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        base = getattr(model, "base_model", model)
+        if hasattr(base, "h"):  # GPT-2
+            self.kind, self.blocks = "gpt2", list(base.h)
+        elif hasattr(base, "layers"):
+            self.kind, self.blocks = "llama", list(base.layers)
+            if getattr(self.blocks[0].self_attn, "q_norm", None) is not None:
+                raise TypeError(f"{type(model).__name__} normalises q and k, which the attention logits here "
+                                "would leave out: write an Adapter for it (docs/probes.md, 'Adapters')")
+        else:
+            raise TypeError(f"{type(model).__name__}: not a GPT-2 or Llama-style decoder (no .h or .layers)")
+
+    def sublayers(self) -> List[Sublayer]:
+        found = []
+        for i, block in enumerate(self.blocks, start=1):
+            if self.kind == "gpt2":
+                parts = [("self_attn", block.ln_1, block.attn, (block.attn.c_attn, "post", self._gpt2_logits(block.attn))),
+                         ("ffn", block.ln_2, block.mlp, None)]
+            else:
+                parts = [("self_attn", block.input_layernorm, block.self_attn,
+                          (block.self_attn, "pre_kwargs", self._llama_logits)),
+                         ("ffn", block.post_attention_layernorm, block.mlp, None)]
+            for name, norm, branch, attention in parts:
+                found.append(Sublayer("decoder", i, name, [*norm.parameters(), *branch.parameters()], (norm, "pre"),
+                                      norm, attention))
+        return found
+
+    @staticmethod
+    def _gpt2_logits(attn) -> Callable:
+        def logits(module, args, qkv):
+            q, k, _ = qkv.split(attn.split_size, dim=2)
+            q, k = (t.unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2) for t in (q, k))
+            scale = attn.head_dim ** -0.5 if attn.scale_attn_weights else 1.0
+            if getattr(attn, "scale_attn_by_inverse_layer_idx", False):
+                scale /= float(attn.layer_idx + 1)
+            return _largest_logit(q, k, True, getattr(attn, "scaling", scale))
+        return logits
+
+    @staticmethod
+    def _llama_logits(attn, args, kwargs):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        hidden = args[0] if args else kwargs["hidden_states"]
+        shape = (*hidden.shape[:-1], -1, attn.head_dim)
+        q = attn.q_proj(hidden).view(shape).transpose(1, 2)
+        k = attn.k_proj(hidden).view(shape).transpose(1, 2)
+        cos, sin = kwargs["position_embeddings"]
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        return _largest_logit(q, k, True, attn.scaling)
+
+    def probe_pass(self, batch):
+        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
+        with eval_mode(self.model):
+            output = self.model(**inputs, output_hidden_states=True)
+        return output.hidden_states[-1], output.logits
+
+    def _mask(self, batch) -> Optional[torch.Tensor]:
+        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+        return mask.bool() if mask is not None else None
+
+    def token_masks(self, batch):
+        return {"decoder": self._mask(batch)}
+
+    def feature_mask(self, batch):
+        return self._mask(batch)
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter of a model: stabexp's own, one built on torch.nn.Transformer, or a Hugging
+    Face GPT-2 / Llama-style decoder; a TypeError naming what to write otherwise."""
+    if isinstance(model, Adapter):
+        return model
+    if hasattr(model, "residuals") and hasattr(model, "features"):
+        return StabexpAdapter(model)
+    if hasattr(model, "config") and getattr(model.config, "model_type", None) is not None:
+        return HFDecoderAdapter(model)
+    if any(isinstance(m, (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder)) for m in model.modules()):
+        return TorchTransformerAdapter(model)
+    raise TypeError(f"no adapter knows {type(model).__name__}: write a stabexp.probes.adapters.Adapter for it "
+                    "(docs/probes.md, 'Adapters')")

@@ -1,0 +1,344 @@
+"""stabexp.monitor: the probes on a model and loop of one's own (docs/probes.md). A Hugging Face
+GPT-2 and a Llama-style decoder built from a config, a model on torch.nn.Transformer, stabexp's
+own model; a plain loop, the Hugging Face Trainer callback and the Lightning callback. Each
+number a probe writes is checked against a computation by hand on the same step, and the folder
+is read by `stabexp report` and the API."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn as nn
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from stabexp.monitor import Monitor
+
+VOCAB, T = 64, 16
+
+
+def _gpt2(layers=4):
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32,
+                                      bos_token_id=0, eos_token_id=0))
+
+
+def _llama(layers=2):
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                        max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+
+
+def _tokens(*shape, seed=0):
+    return torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _hf_sublayer_grads(model):
+    """By hand: the gradient norm of each residual sublayer (its norm and branch) and the total."""
+    base = model.base_model
+    blocks = [(b.ln_1, b.attn, b.ln_2, b.mlp) for b in base.h] if hasattr(base, "h") else \
+        [(b.input_layernorm, b.self_attn, b.post_attention_layernorm, b.mlp) for b in base.layers]
+
+    def norm(*modules):
+        return math.sqrt(sum(p.grad.pow(2).sum().item() for m in modules for p in m.parameters()))
+    per = [n for ln1, attn, ln2, mlp in blocks for n in (norm(ln1, attn), norm(ln2, mlp))]
+    return per, norm(model)
+
+
+@pytest.fixture
+def logit_recorder(monkeypatch):
+    """Every attention's largest logit as the model itself computes it (q.k * scaling, masked),
+    recorded by an attention function of transformers' own interface that then runs eager."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward as gpt2_eager
+    from transformers.models.llama.modeling_llama import eager_attention_forward as llama_eager
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    seen = []
+
+    def recording(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        logits = query @ repeat_kv(key, query.shape[1] // key.shape[1]).transpose(2, 3) * scaling
+        if attention_mask is not None:
+            logits = logits.masked_fill(attention_mask[..., :key.shape[-2]] < -1, float("-inf"))
+        seen.append(logits.amax().item())
+        eager = llama_eager if hasattr(module, "num_key_value_groups") else gpt2_eager
+        return eager(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS.register("stabexp_recording", recording)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("stabexp_recording", ALL_MASK_ATTENTION_FUNCTIONS["eager"])
+    return seen
+
+
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_a_hugging_face_decoder_in_a_plain_loop(build, tmp_path, logit_recorder):
+    """50 steps of a 4-layer GPT-2 (a 2-layer Llama with grouped-query attention and RoPE): the
+    model update, per-sublayer gradient norms, LN input norms and attention logits written, each
+    equal to its computation by hand on the same step."""
+    model = build(4) if build is _gpt2 else build()
+    data, probe = _tokens(50, 8, T), {"input_ids": _tokens(4, T, seed=1)}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    by_hand = {}
+
+    def grads_by_hand(opt, args, kwargs):
+        by_hand[len(by_hand) + 1] = _hf_sublayer_grads(model)
+    optimizer.register_step_pre_hook(grads_by_hand)
+    held_out = _tokens(8, T, seed=2)
+
+    def evaluate(m):
+        out = m(input_ids=held_out, labels=held_out)
+        acc = (out.logits[:, :-1].argmax(-1) == held_out[:, 1:]).float().mean().item()
+        return {"eval_loss": out.loss.item(), "eval_acc": acc}
+    monitor = Monitor(model, probe, tmp_path / "run", optimizer=optimizer, probes=("layers", "weights"),
+                      evaluate=evaluate, eval_every=25, steps=50, describe={"group": "hf", "seed": 0})
+    for step in range(1, 51):
+        out = model(input_ids=data[step - 1], labels=data[step - 1])
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step(out.loss)
+    assert monitor.close()["status"] == "completed"
+
+    metrics = pd.read_csv(tmp_path / "run" / "metrics.csv").set_index("step")
+    layers = pd.read_csv(tmp_path / "run" / "layers.csv")
+    sublayers = layers[layers.param.isna()]
+    assert metrics.model_update[0] == 0 and (metrics.model_update.loc[1:] > 0).all()
+    assert metrics.log_z_mean.notna().all() and metrics.eval_loss.notna().sum() == 2
+    for step in (1, 10, 50):
+        per, total = by_hand[step]
+        rows = sublayers[sublayers.step == step]
+        assert rows.grad_norm.tolist() == pytest.approx(per, rel=1e-5)
+        assert metrics.grad_norm[step] == pytest.approx(total, rel=1e-5)
+    attention = sublayers[sublayers.sublayer == "self_attn"]
+    assert attention.max_attn_logit.notna().all() and sublayers[sublayers.sublayer == "ffn"].max_attn_logit.isna().all()
+
+    # Step 50's LN inputs and attention logits, by hand on the same weights.
+    norms = []
+    hooks = [norm.register_forward_pre_hook(lambda m, args: norms.append(args[0].norm(dim=-1).mean().item()))
+             for s in _blocks_norms(model) for norm in s]
+    model.config._attn_implementation = "stabexp_recording"
+    model.eval()
+    logit_recorder.clear()
+    with torch.no_grad():
+        model(**probe)
+    for h in hooks:
+        h.remove()
+    last = sublayers[sublayers.step == 50]
+    assert last.ln_input_norm.tolist() == pytest.approx(norms, rel=1e-5)
+    assert last.stream_norm.tolist() == pytest.approx(norms, rel=1e-5)  # Pre-LN: the stream is the norm's input
+    assert last[last.sublayer == "self_attn"].max_attn_logit.tolist() == pytest.approx(logit_recorder, rel=1e-4)
+
+
+def _blocks_norms(model):
+    base = model.base_model
+    if hasattr(base, "h"):
+        return [(b.ln_1, b.ln_2) for b in base.h]
+    return [(b.input_layernorm, b.post_attention_layernorm) for b in base.layers]
+
+
+def test_stabexp_report_and_the_api_read_a_monitored_folder(tmp_path, capsys):
+    from stabexp import api
+    from stabexp.report import main as report
+
+    model, probe = _gpt2(2), {"input_ids": _tokens(2, T, seed=1)}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    held_out = _tokens(4, T, seed=2)
+    monitor = Monitor(model, probe, tmp_path / "sweep" / "gpt2", optimizer=optimizer, steps=4, eval_every=2,
+                      evaluate=lambda m: {"eval_loss": m(input_ids=held_out, labels=held_out).loss.item()},
+                      describe={"group": "gpt2_from_config", "seed": 0, "task": "random tokens"})
+    for step in range(4):
+        loss = model(input_ids=_tokens(4, T, seed=10 + step), labels=_tokens(4, T, seed=10 + step)).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step(loss)
+    summary = monitor.close()
+    assert report([str(tmp_path / "sweep")]) == 0
+    out = capsys.readouterr().out
+    assert "gpt2_from_config" in out and f"{summary['final_eval_loss']:.3f}" in out
+    run = api.load_run(tmp_path / "sweep" / "gpt2")
+    assert run.metrics.model_update.notna().all() and len(run.layers.query("step == 4")) == 4
+
+
+class _Seq2Seq(nn.Module):
+    """A model of one's own on torch.nn.Transformer (encoder-decoder)."""
+
+    def __init__(self, norm_first: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.body = nn.Transformer(16, 2, 2, 2, 32, dropout=0.0, batch_first=True, norm_first=norm_first)
+        self.out = nn.Linear(16, VOCAB)
+
+    def forward(self, src, tgt):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        return self.out(self.body(self.embed(src), self.embed(tgt), tgt_mask=mask, tgt_is_causal=True))
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_a_torch_nn_transformer_in_a_plain_loop(norm_first, tmp_path):
+    """Encoder and decoder sublayers (self, cross, FFN) of nn.Transformer, Post-LN and Pre-LN:
+    gradient norms and LN inputs by hand; Post-LN's norm takes x + G(x), Pre-LN's the stream."""
+    model = _Seq2Seq(norm_first)
+    probe = (_tokens(2, 6, seed=1), _tokens(2, 5, seed=2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = Monitor(model, probe, tmp_path, optimizer=optimizer, every=1)
+    src, tgt = _tokens(4, 6, seed=3), _tokens(4, 5, seed=4)
+    loss = nn.functional.cross_entropy(model(src, tgt).flatten(0, 1), tgt.flatten())
+    loss.backward()
+    layers_of = [l for stack in (model.body.encoder.layers, model.body.decoder.layers) for l in stack]
+    expected = []
+    for layer in layers_of:
+        attns = [(layer.self_attn, layer.norm1)] + ([(layer.multihead_attn, layer.norm2)]
+                                                    if hasattr(layer, "multihead_attn") else [])
+        ffn_norm = layer.norm3 if hasattr(layer, "norm3") else layer.norm2
+        groups = [[attn, norm] for attn, norm in attns] + [[layer.linear1, layer.linear2, ffn_norm]]
+        expected += [math.sqrt(sum(p.grad.pow(2).sum().item() for m in g for p in m.parameters())) for g in groups]
+    optimizer.step()
+    optimizer.zero_grad()
+    monitor.step(loss)
+    monitor.close()
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    rows = layers[layers.step == 1]
+    assert rows.sublayer.tolist() == ["self_attn", "ffn"] * 2 + ["self_attn", "cross_attn", "ffn"] * 2
+    assert rows.grad_norm.tolist() == pytest.approx(expected, rel=1e-5)
+    assert rows.max_attn_logit.notna().tolist() == [s != "ffn" for s in rows.sublayer]
+    same = (rows.ln_input_norm - rows.stream_norm).abs() < 1e-6
+    assert same.all() if norm_first else not same.any()
+
+
+def test_on_stabexps_own_model_the_monitor_writes_what_stabexp_run_writes(make_cfg, tmp_path):
+    """The same seed and batches in a plain loop: every probe column of metrics.csv and
+    layers.csv equal to the trainer's, bit for bit."""
+    from stabexp.data import make_task
+    from stabexp.train.build import describe, lr_schedule, model_for
+    from stabexp.train.optim import build_optimizer
+    from stabexp.train.trainer import train
+
+    cfg = make_cfg("train.steps=9", "probe.weights=true", "optim=adamw")
+    train(cfg, tmp_path / "run")
+    cpu = torch.device("cpu")
+    torch.manual_seed(cfg.seed)  # as a Run: the seed, the probe batch, then the model
+    task = make_task(cfg, cpu)
+    src, tgt_in, _ = task.probe_batch()
+    model = model_for(cfg, task, cpu)
+    describe(cfg, model, task, cpu, {})
+    optimizer = build_optimizer(cfg, model, cpu)
+    schedule = lr_schedule(cfg, optimizer)
+    monitor = Monitor(model, (src, tgt_in), tmp_path / "monitor", optimizer=optimizer, probes=("layers", "weights"),
+                      every=cfg.probe.every, first_steps=cfg.probe.first_steps, steps=cfg.train.steps)
+    model.train()
+    for step in range(1, cfg.train.steps + 1):
+        batch_src, batch_tgt_in, tgt_out = task.train_batch()
+        loss = task.loss(model(batch_src, batch_tgt_in), tgt_out)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        monitor.step(loss)
+    monitor.close()
+    for name, columns in (("metrics.csv", ["step", "lr", "loss", "grad_norm", "model_update", "log_z_mean",
+                                           "log_z_max"]),
+                          ("layers.csv", ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm",
+                                          "stream_norm", "max_attn_logit", "relative_update", "weight_norm",
+                                          "angular_update", "effective_lr", "scale_invariant"])):
+        run = pd.read_csv(tmp_path / "run" / name)[columns]
+        monitored = pd.read_csv(tmp_path / "monitor" / name)[columns]
+        assert run.step.tolist() == monitored.step.tolist()
+        pd.testing.assert_frame_equal(run, monitored, check_exact=True)
+
+
+def test_a_probe_the_model_cannot_give_is_refused_in_one_line(tmp_path):
+    from stabexp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="probe dependency needs .*stabexp_model.*GPT2LMHeadModel"):
+        Monitor(_gpt2(1), {"input_ids": _tokens(1, 4)}, tmp_path, probes=("dependency",))
+    with pytest.raises(ConfigError, match=r"probes=\['gradnorm'\] is not allowed"):
+        Monitor(_gpt2(1), {"input_ids": _tokens(1, 4)}, tmp_path, probes=("gradnorm",))
+
+
+def test_the_hugging_face_trainer_callback(tmp_path):
+    """The same probes from a Trainer: 50 steps of a 4-layer GPT-2; the gradient norms those the
+    optimiser steps with (after the Trainer's clipping, max_grad_norm), by hand in a callback
+    of the same moment; `stabexp report` reads the folder."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from stabexp.monitor import HFTrainerMonitor
+    from stabexp.report import main as report
+
+    model, data = _gpt2(4), _tokens(400, T)
+    by_hand = {}
+
+    class ByHand(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            by_hand[state.global_step + 1] = _hf_sublayer_grads(model)
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(data)
+
+        def __getitem__(self, i):
+            return {"input_ids": data[i], "labels": data[i]}
+
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=50, per_device_train_batch_size=8,
+                             learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+                             logging_strategy="no")
+    monitor = HFTrainerMonitor({"input_ids": _tokens(4, T, seed=1)}, tmp_path / "sweep" / "gpt2",
+                               describe={"group": "gpt2_trainer", "seed": 0})
+    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[monitor, ByHand()]).train()
+    metrics = pd.read_csv(tmp_path / "sweep" / "gpt2" / "metrics.csv").set_index("step")
+    layers = pd.read_csv(tmp_path / "sweep" / "gpt2" / "layers.csv")
+    assert metrics.index.tolist() == list(range(21)) + [30, 40, 50]
+    assert metrics.loss.loc[1:].notna().all() and metrics.model_update.loc[1:].gt(0).all()
+    for step in (1, 20, 50):
+        per, total = by_hand[step]
+        assert layers[layers.step == step].grad_norm.tolist() == pytest.approx(per, rel=1e-5)
+        assert metrics.grad_norm[step] == pytest.approx(total, rel=1e-5)
+    assert report([str(tmp_path / "sweep")]) == 0
+
+
+def test_the_lightning_callback(tmp_path):
+    """A LightningModule on nn.TransformerEncoder (Post-LN): 10 steps; the gradient norms those
+    of on_before_optimizer_step, by hand in a callback of the same moment."""
+    import lightning as L
+
+    from stabexp.monitor import LightningMonitor
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed = nn.Embedding(VOCAB, 16)
+            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.body = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.out = nn.Linear(16, VOCAB)
+
+        def forward(self, x):
+            return self.out(self.body(self.embed(x)))
+
+        def training_step(self, batch, index):
+            x = batch[0]
+            return nn.functional.cross_entropy(self(x).flatten(0, 1), x.flip(1).flatten())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    by_hand = {}
+
+    class ByHand(L.Callback):
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            by_hand[trainer.global_step + 1] = math.sqrt(sum(p.grad.pow(2).sum().item() for p in module.parameters()))
+
+    data = torch.utils.data.TensorDataset(_tokens(80, 8))
+    trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu",
+                        callbacks=[LightningMonitor(_tokens(4, 8, seed=1), tmp_path, probes=("layers", "weights")),
+                                   ByHand()])
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
+    metrics = pd.read_csv(tmp_path / "metrics.csv").set_index("step")
+    assert metrics.index.tolist() == list(range(11))
+    assert metrics.grad_norm.loc[1:].tolist() == pytest.approx([by_hand[s] for s in range(1, 11)], rel=1e-5)
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    assert set(layers.dropna(subset=["param"]).param) >= {"body.layers.0.linear1.weight"}
+
