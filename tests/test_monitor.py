@@ -176,6 +176,7 @@ class _Seq2Seq(nn.Module):
         return self.out(self.body(self.embed(src), self.embed(tgt), tgt_mask=mask, tgt_is_causal=True))
 
 
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")  # nn.Transformer's own, for norm_first
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
 def test_a_torch_nn_transformer_in_a_plain_loop(norm_first, tmp_path):
     """Encoder and decoder sublayers (self, cross, FFN) of nn.Transformer, Post-LN and Pre-LN:
@@ -342,3 +343,82 @@ def test_the_lightning_callback(tmp_path):
     layers = pd.read_csv(tmp_path / "layers.csv")
     assert set(layers.dropna(subset=["param"]).param) >= {"body.layers.0.linear1.weight"}
 
+
+
+def test_the_documented_adapter_of_ones_own(tmp_path, monkeypatch):
+    """docs/probes.md's BlocksAdapter, as the page writes it, on a model of timm's layout: the
+    gradient norm of each sublayer by hand, and its LN inputs those of its norms."""
+    import re
+    import sys
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "probes.md").read_text()
+    code = re.search(r"```python\n(# my_adapter\.py\n.*?)```", page, re.S).group(1)
+    (tmp_path / "my_adapter.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_adapter", raising=False)
+    from my_adapter import BlocksAdapter
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(16), nn.LayerNorm(16)
+            self.attn = nn.Linear(16, 16)  # a stand-in token mixer
+            self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+
+        def forward(self, x):
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    class Vit(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed, self.blocks, self.head = nn.Linear(8, 16), nn.Sequential(Block(), Block()), nn.Linear(16, 4)
+
+        def forward_features(self, x):
+            return self.blocks(self.embed(x))
+
+        def forward_head(self, features):
+            return self.head(features.mean(1))
+
+        def forward(self, x):
+            return self.forward_head(self.forward_features(x))
+
+    model = Vit()
+    x, y = torch.randn(4, 5, 8, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2, 3])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = Monitor(model, x, tmp_path / "run", optimizer=optimizer, adapter=BlocksAdapter(model))
+    nn.functional.cross_entropy(model(x), y).backward()
+    expected = [math.sqrt(sum(p.grad.pow(2).sum().item() for m in group for p in m.parameters()))
+                for b in model.blocks for group in ((b.norm1, b.attn), (b.norm2, b.mlp))]
+    optimizer.step()
+    monitor.step(0.0)
+    monitor.close()
+    rows = pd.read_csv(tmp_path / "run" / "layers.csv").query("step == 1")
+    assert rows.grad_norm.tolist() == pytest.approx(expected, rel=1e-5)
+    assert (rows.ln_input_norm == rows.stream_norm).all() and rows.max_attn_logit.isna().all()
+
+
+def test_the_monitor_logs_to_the_trackers_what_it_writes(tmp_path):
+    """logger="tensorboard": the same points as metrics.csv and layers.csv, beside the run folder
+    as a run's are."""
+    from test_tracking import assert_same_points, csv_column, events, scalars
+
+    model, probe = _gpt2(2), {"input_ids": _tokens(2, T, seed=1)}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    folder = tmp_path / "sweep" / "gpt2"
+    monitor = Monitor(model, probe, folder, optimizer=optimizer, logger="tensorboard", steps=5)
+    for step in range(5):
+        loss = model(input_ids=_tokens(4, T, seed=step), labels=_tokens(4, T, seed=step)).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step(loss)
+    monitor.close()
+    acc = events(tmp_path / "sweep" / "tensorboard" / "gpt2")
+    for column in ("loss", "model_update", "grad_norm"):
+        assert_same_points(scalars(acc, column), csv_column(folder / "metrics.csv", column), column)
+    tag = "ln_input_norm/decoder/2/ffn"
+    assert_same_points(scalars(acc, tag), csv_column(folder / "layers.csv", "ln_input_norm", stack="decoder", layer=2,
+                                                     sublayer="ffn"), tag)

@@ -70,7 +70,11 @@ class ProbeContext:
     lr: Callable[[], float] = lambda: float("nan")  # the lr of the step just taken (or the first)
     optimiser: str = ""              # the optimiser's PyTorch form (theory.effective_lr's name)
     sharded: bool = False            # FSDP2: parameters and gradients are local shards
-    reduce_sum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # over ranks, when sharded
+    # How numbers combine over the K processes (`Probe.combine`): a tensor's sum or max over
+    # them, every process's object in rank order; on one process the value itself.
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+    reduce_max: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+    gather: Callable[[Any], List[Any]] = lambda obj: [obj]
     features_init: Optional[torch.Tensor] = None  # F(x, theta_0), where a probe needs REFERENCE
 
 
