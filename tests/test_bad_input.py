@@ -45,6 +45,11 @@ from conftest import one_line_error
     (["task=lm", "optim=muon", "probe.weights=true"], ["probe.weights=True", "muon"]),
     (["task=multi30k", "train.qk_clip_tau=100"], ["train.qk_clip_tau=100", "padded"]),
     (["group=rezero", "group.norm=dyt"], ["group.norm=dyt", "rezero"]),
+    (["probe.extra=[nope]"], ["probe.extra=nope", "no package registers a probe", "module.Class"]),
+    (["probe.extra=[collections.OrderedDict]"], ["probe.extra=collections.OrderedDict", "not a subclass", "Probe"]),
+    (["probe.extra=[stabexp.probes.weights.Weights]"], ["probe.extra=stabexp.probes.weights.Weights",
+                                                        "probe.weights=true"]),
+    (["group=preln", "probe.update_bound=true"], ["probe.update_bound=True", "postln or deepnorm"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_main, args, words):
     r = stabexp_main("run", *args)

@@ -100,7 +100,7 @@ class Registry:
     """The plug-ins of one kind: registered names and dotted paths, resolved once each."""
 
     def __init__(self, kind: str, group: str, key: str, builtins: str, what: str, form: str,
-                 accept: str, verify: Optional[str] = None):
+                 accept: str, verify: Optional[str] = None, own_by_name: bool = True):
         self.kind = kind          # "placement": for messages
         self.group = group        # the entry-point group
         self.key = key            # the config key that usually names one (for errors outside validate)
@@ -110,6 +110,7 @@ class Registry:
         self.form = form          # "module.Class"
         self.accept_ref = accept  # `module:function`: obj -> the plug-in, or Rejected
         self.verify_ref = verify  # `module:function`: name -> None, or Rejected (plug-ins from outside)
+        self.own_by_name = own_by_name  # whether the key takes the package's own names (not probe.extra's)
         self.clear()
 
     def clear(self) -> None:
@@ -147,7 +148,10 @@ class Registry:
         return list(self.table())
 
     def allowed(self) -> str:
-        return f"one of {', '.join(self.names())}, or a dotted path {self.form} to {self.what}"
+        names = [n for n, r in self.table().items() if self.own_by_name or r.distribution != PACKAGE]
+        if not names:
+            return f"no package registers a {self.kind} of that name: a dotted path {self.form} to {self.what}"
+        return f"one of {', '.join(names)}, or a dotted path {self.form} to {self.what}"
 
     # --- resolving a name ----------------------------------------------------------------
 
@@ -219,7 +223,7 @@ _REGISTRIES: Dict[str, Registry] = {
     "probe": Registry(
         "probe", "stabexp.probes", "probe.extra", "stabexp.probes.builtin:PROBES",
         "a subclass of stabexp.probes.base.Probe", "module.Class",
-        accept="stabexp.probes.base:as_probe"),
+        accept="stabexp.probes.base:as_probe", own_by_name=False),  # the built-ins: by their probe.<flag>
 }
 KINDS = tuple(_REGISTRIES)
 
