@@ -258,7 +258,7 @@ def probes(cfg) -> List[type]:
     whose flag is set (probe.<flag>), then each of probe.extra, named as listed."""
     reg = _REGISTRIES["probe"]
     own = [reg.get(name) for name, r in reg.table().items() if r.distribution == PACKAGE]
-    found = [p for p in own if p.flag is not None and p.enabled(cfg)]
+    found = [p for p in own if p.enabled(cfg)]
     for name in cfg.probe.extra:
         probe = reg.get(name, "probe.extra")
         if probe.flag is not None:

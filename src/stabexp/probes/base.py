@@ -102,9 +102,8 @@ class Probe:
 
     @classmethod
     def enabled(cls, cfg: DictConfig) -> bool:
-        if cls.flag is not None:
-            return bool(cfg.probe[cls.flag])
-        return cls.name in cfg.probe.extra
+        """A built-in's flag (stabexp.plugins.probes adds those of probe.extra)."""
+        return cls.flag is not None and bool(cfg.probe[cls.flag])
 
     @classmethod
     def config_key(cls) -> str:
@@ -116,8 +115,9 @@ class Probe:
         """Refuse a config it cannot run with (ConfigError, one line; `refuse_unless`). The
         base refuses what every probe needs: FSDP2 for a probe that reads whole weights."""
         refuse_unless(cls, cfg, cfg.train.parallel != "fsdp" or cls.combine != REPLICATED,
-                      "must be false with train.parallel=fsdp (this probe reads whole weight matrices or runs "
-                      "outside the gathered-weight passes): use train.parallel=ddp")
+                      f"{'must be false' if cls.flag is not None else 'cannot run'} with train.parallel=fsdp "
+                      "(this probe reads whole weight matrices or runs outside the gathered-weight passes): "
+                      "use train.parallel=ddp")
 
     def is_due(self, step: int, probe_step: bool) -> bool:
         """Whether it measures at optimiser step `step` (`probe_step`: one of the run's)."""
