@@ -31,12 +31,13 @@ from omegaconf import DictConfig, OmegaConf
 from stabexp import plugins
 from stabexp.config import LoggerConfig, MlflowLogger, OptimConfig, ProbeConfig, TensorBoardLogger, TrainConfig, \
     WandbLogger
+from stabexp.data import Task
 from stabexp.errors import ConfigError
 from stabexp.probes.adapters import Adapter, StabexpAdapter, adapter_for
 from stabexp.probes.base import PROBE_BATCH, REFERENCE, STABEXP_MODEL, SUBLAYERS, ProbeContext, ProbeSet
 from stabexp.tracking import Trackers
 from stabexp.train.files import SUMMARY, write_json
-from stabexp.train.recording import METRICS_COLUMNS, Recorder
+from stabexp.train.recording import Recorder, eval_results
 
 # The probes a monitor runs, by the name `probes=` takes, and the probe.<flag> that turns each on.
 FLAGS = {"layers": "enabled", "weights": "weights", "at_init": "at_init", "update_bound": "update_bound",
@@ -145,10 +146,7 @@ class Monitor:
                            optimiser=self.cfg.optim.name)
         self.probes = ProbeSet(classes, ctx)
         self.trackers = Trackers.open(self.cfg, self.out_dir)
-        plugin_columns = [c for p in self.probes for c in p.metrics_columns if c not in METRICS_COLUMNS]
-        columns = METRICS_COLUMNS[:-1] + list(dict.fromkeys(plugin_columns)) + METRICS_COLUMNS[-1:]
-        keys = [(s.stack, s.layer, s.name) for s in self.adapter.sublayers()]
-        self.recorder = Recorder(self.out_dir, columns, keys, self.probes.files(), trackers=self.trackers)
+        self.recorder = Recorder.for_probes(self.out_dir, self.probes, Task.eval_columns, self.trackers)
         self.start, self.steps_done, self.last_loss, self.before_done = time.perf_counter(), 0, None, False
         self.trackers.start(self.summary)
         write_json(self.out_dir / SUMMARY, self.summary)
@@ -197,10 +195,7 @@ class Monitor:
             if set(scores) - {"eval_loss", "eval_acc"} or "eval_loss" not in scores:
                 raise ValueError(f"evaluate returned {sorted(scores)}: it returns eval_loss (and eval_acc)")
             row.update(scores)
-            best = self.summary.get("best_eval_loss")
-            if best is None or row["eval_loss"] < best:
-                self.summary["best_eval_loss"] = row["eval_loss"]
-            self.summary.update(final_eval_loss=row["eval_loss"], final_eval_acc=row.get("eval_acc"))
+            eval_results(self.summary, row)
         row["elapsed_s"] = time.perf_counter() - self.start
         return self.recorder.write(row, rows)
 

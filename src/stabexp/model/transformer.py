@@ -152,10 +152,12 @@ def _head_norms(c: "TransformerConfig", v: bool = False) -> Tuple[Optional[nn.Mo
 
 
 def attention_logits(q: torch.Tensor, k: torch.Tensor, causal: bool,
-                     key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     key_mask: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
     """q.k / sqrt(d_h) per (batch, head, query, key), -inf where the attention may not look.
-    q: (B, h, T, d_h), k: (B, h, S, d_h); key_mask (B, 1, 1, S) True where a key is real."""
-    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    q: (B, h, T, d_h), k: (B, h, S, d_h); key_mask (B, 1, 1, S) True where a key is real;
+    `scale`: q.k times it instead (a model whose attention scales otherwise)."""
+    scores = q @ k.transpose(-1, -2)
+    logits = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     hidden = None
     if causal:
         hidden = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device).triu_(1)

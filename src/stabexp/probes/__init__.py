@@ -27,8 +27,7 @@ import torch
 import torch.nn as nn
 
 from stabexp.distributed import local
-from stabexp.model.transformer import attention_logits
-from stabexp.probes.statistics import log_z, per_token_norm, token_mean
+from stabexp.probes.statistics import log_z, max_attention_logit, per_token_norm, token_mean  # noqa: F401
 
 
 @contextmanager
@@ -47,14 +46,6 @@ def hooked(hooks: Iterable[Tuple[nn.Module, str, Callable]]):
     finally:
         for h in handles:
             h.remove()
-
-
-def max_attention_logit(q: torch.Tensor, k: torch.Tensor, causal: bool,
-                        key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The largest attention logit q_i.k_j / sqrt(d_h) over batch, heads and the (query, key)
-    pairs the attention may use (Wortsman et al. 2023, Sec. 3.1.1: attention logit growth).
-    q: (B, h, T, d_h), k: (B, h, S, d_h); key_mask (B, 1, 1, S) True where a key is real."""
-    return attention_logits(q, k, causal, key_mask).amax()
 
 
 def model_update(features: torch.Tensor, features_init: torch.Tensor,

@@ -9,12 +9,13 @@ F(x, theta), the final hidden state before the output projection, and the logits
 with stabexp: `StabexpAdapter` (its own models, exact to the trainer's numbers),
 `TorchTransformerAdapter` (a model built on torch.nn.Transformer or its encoder / decoder) and
 `HFDecoderAdapter` (Hugging Face transformers' GPT-2 and Llama-style decoders). `adapter_for`
-picks one; any other model is a subclass of `Adapter` with `sublayers` and `probe_pass`.
+picks one; any other model is a subclass of `Adapter` with `sublayers` and `probe_pass`. The
+last two recompute each attention's logits from its inputs and leave no padded key out: their
+probe batch is unpadded (docs/probes.md).
 """
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -24,6 +25,7 @@ import torch.nn as nn
 
 from stabexp.model.transformer import explicit_attention
 from stabexp.modes import eval_mode
+from stabexp.probes.statistics import max_attention_logit
 
 # A forward hook (module, "pre" | "post" | "pre_kwargs", fn): "pre" fn(module, args); "post"
 # fn(module, args, output); "pre_kwargs" fn(module, args, kwargs), for a module whose inputs
@@ -140,17 +142,6 @@ def _captured_output(module: nn.Module):
         handle.remove()
 
 
-def _largest_logit(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    """The largest attention logit q.k * scale over batch, heads and the (query, key) pairs the
-    attention may use (Wortsman et al. 2023, Sec. 3.1.1); q (B, h, T, d_h), k (B, h, S, d_h).
-    Padded keys are not left out: the models these adapters serve are trained unpadded here."""
-    logits = q @ k.transpose(-1, -2) * scale
-    if causal:
-        future = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device).triu_(1)
-        logits = logits.masked_fill(future, float("-inf"))
-    return logits.amax()
-
-
 class TorchTransformerAdapter(Adapter):
     """A model built on torch.nn.Transformer, nn.TransformerEncoder or nn.TransformerDecoder
     (the first such module inside it): each layer's self-attention, cross-attention (decoder)
@@ -207,7 +198,7 @@ class TorchTransformerAdapter(Adapter):
             b_q, b_k = (mha.in_proj_bias[:d], mha.in_proj_bias[d:2 * d]) if mha.in_proj_bias is not None else (None, None)
             q = nn.functional.linear(query, w_q, b_q).unflatten(-1, (h, d // h)).transpose(1, 2)
             k = nn.functional.linear(key, w_k, b_k).unflatten(-1, (h, d // h)).transpose(1, 2)
-            return _largest_logit(q, k, causal, 1.0 / math.sqrt(d // h))
+            return max_attention_logit(q, k, causal)  # nn.MultiheadAttention scales by 1 / sqrt(d_h)
         return logits
 
     def probe_pass(self, batch):
@@ -272,7 +263,7 @@ class HFDecoderAdapter(Adapter):
             scale = attn.head_dim ** -0.5 if attn.scale_attn_weights else 1.0
             if getattr(attn, "scale_attn_by_inverse_layer_idx", False):
                 scale /= float(attn.layer_idx + 1)
-            return _largest_logit(q, k, True, getattr(attn, "scaling", scale))
+            return max_attention_logit(q, k, True, scale=getattr(attn, "scaling", scale))
         return logits
 
     @staticmethod
@@ -286,7 +277,7 @@ class HFDecoderAdapter(Adapter):
         cos, sin = kwargs["position_embeddings"]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        return _largest_logit(q, k, True, attn.scaling)
+        return max_attention_logit(q, k, True, scale=attn.scaling)
 
     def probe_pass(self, batch):
         inputs = batch if isinstance(batch, dict) else {"input_ids": batch}

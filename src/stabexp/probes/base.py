@@ -177,9 +177,6 @@ class ProbeSet:
     def __iter__(self):
         return iter(self.probes)
 
-    def __bool__(self) -> bool:
-        return bool(self.probes)
-
     def files(self) -> Dict[str, Sequence[str]]:
         return {name: columns for p in self.probes for name, columns in p.files.items()}
 

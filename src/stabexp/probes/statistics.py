@@ -1,10 +1,12 @@
-"""The per-token reductions the probes (and z-loss, train/losses.py) share: one definition each."""
+"""The reductions the probes (and z-loss, train/losses.py) share: one definition each."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+
+from stabexp.model.transformer import attention_logits
 
 
 def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
@@ -24,3 +26,12 @@ def log_z(logits: torch.Tensor) -> torch.Tensor:
     normaliser, which z-loss pulls to 0 and the log Z probes follow (Wortsman et al. 2023,
     Sec. 3.1.2)."""
     return torch.logsumexp(logits.float(), dim=-1)
+
+
+def max_attention_logit(q: torch.Tensor, k: torch.Tensor, causal: bool,
+                        key_mask: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
+    """The largest attention logit q_i.k_j / sqrt(d_h) over batch, heads and the (query, key)
+    pairs the attention may use (Wortsman et al. 2023, Sec. 3.1.1: attention logit growth).
+    q: (B, h, T, d_h), k: (B, h, S, d_h); key_mask (B, 1, 1, S) True where a key is real;
+    `scale`: the model's own factor in place of 1 / sqrt(d_h)."""
+    return attention_logits(q, k, causal, key_mask, scale).amax()

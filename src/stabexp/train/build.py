@@ -5,7 +5,7 @@ probes, evaluates, checkpoints and reads its loss (`Cadence`). train/run.py puts
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 from omegaconf import DictConfig
@@ -16,8 +16,6 @@ from stabexp.data import Task
 from stabexp.model import build_model, initialise
 from stabexp.probes.adapters import StabexpAdapter
 from stabexp.probes.base import ProbeContext, ProbeSet
-from stabexp.tracking import Trackers
-from stabexp.train.recording import Recorder, metrics_columns
 from stabexp.train.schedule import lr_factor
 from stabexp.theory import torch_form
 
@@ -92,16 +90,6 @@ def probes_for(cfg: DictConfig, model: torch.nn.Module, task: Task, probe_batch,
                        optimiser=torch_form(cfg.optim.name, cfg.optim.weight_decay, cfg.train.lr)[0],
                        reduce_sum=distributed.sum_, reduce_max=distributed.max_, gather=distributed.gather)
     return ProbeSet(plugins.probes(cfg), ctx)
-
-
-def recorder_for(out_dir, model: torch.nn.Module, probes: ProbeSet, task: Task, trackers: Trackers,
-                 resume: Optional[Dict] = None) -> Recorder:
-    """The run folder's row files for these probes (`resume`: a checkpoint's state, whose
-    positions the files are cut back to); a plug-in probe's metrics columns go after the task's
-    eval columns."""
-    columns = metrics_columns(task.eval_columns, [c for p in probes for c in p.metrics_columns])
-    sublayers = [(stack, layer, name) for stack, layer, name, _ in model.residuals()]
-    return Recorder(out_dir, columns, sublayers, probes.files(), trackers=trackers, resume=resume)
 
 
 class Cadence:

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from omegaconf import DictConfig
 
 from stabexp.data import Task
-from stabexp.probes.base import Rows
+from stabexp.probes.base import ProbeSet, Rows
 from stabexp.terminal import duration
 from stabexp.tracking import Trackers
 from stabexp.train.files import CsvLog
@@ -43,6 +43,15 @@ METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (tr
 LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm", "stream_norm",
                   "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "output_grad_norm",
                   "weight_norm", "angular_update", "row_angular_update", "effective_lr", "scale_invariant", "elements"]
+
+
+def eval_results(result: Dict, row: Dict) -> None:
+    """An eval row's scores into a run's results: the best eval loss so far (a finite one), the
+    final eval loss and accuracy."""
+    best = result.get("best_eval_loss")
+    if math.isfinite(row["eval_loss"]) and (best is None or row["eval_loss"] < best):
+        result["best_eval_loss"] = row["eval_loss"]
+    result.update(final_eval_loss=row["eval_loss"], final_eval_acc=row.get("eval_acc"))
 
 
 class Recorder:
@@ -67,6 +76,15 @@ class Recorder:
         self.metrics = open_log("metrics.csv", metrics_columns, trackers.metrics_rows)
         self.layers = open_log("layers.csv", layers_columns, trackers.layers_rows)
         self.files = {name: open_log(name, columns) for name, columns in files.items()}
+
+    @classmethod
+    def for_probes(cls, out_dir: Path, probes: ProbeSet, eval_columns: Sequence[str],
+                   trackers: Optional[Trackers] = None, resume: Optional[Dict] = None) -> "Recorder":
+        """The files of these probes on the model their adapter describes; a plug-in probe's
+        metrics columns go after the eval columns."""
+        columns = metrics_columns(eval_columns, [c for p in probes for c in p.metrics_columns])
+        sublayers = [(s.stack, s.layer, s.name) for s in probes.ctx.adapter.sublayers()]
+        return cls(out_dir, columns, sublayers, probes.files(), trackers=trackers, resume=resume)
 
     def write(self, row: Dict, rows: Optional[Rows] = None) -> Dict:
         """One step's files: the sublayer rows (when a probe measured them) and any whole layers

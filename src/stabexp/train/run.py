@@ -23,12 +23,12 @@ from stabexp import distributed
 from stabexp.data import Task
 from stabexp.probes.base import Rows
 from stabexp.train import checkpoint
-from stabexp.train.build import Cadence, describe, device_of, lr_schedule, model_for, probes_for, recorder_for
+from stabexp.train.build import Cadence, describe, device_of, lr_schedule, model_for, probes_for
 from stabexp.train.files import SUMMARY, write_json
 from stabexp.train.losses import training_loss
 from stabexp.train.optim import build_optimizer, clip_gradients
 from stabexp.train.qk_clip import QKClip
-from stabexp.train.recording import Progress
+from stabexp.train.recording import Progress, Recorder, eval_results
 from stabexp.tracking import Trackers
 
 log = logging.getLogger("stabexp")
@@ -83,7 +83,7 @@ class Run:
         # Exploding = above explode_factor times the larger of the chance loss and the first
         # loss (the first loss can sit far above chance: tied embeddings, strong identity path).
         self.explode_at = float("inf")
-        self.recorder = recorder_for(self.out_dir, self.model, self.probes, self.task, self.trackers)
+        self.recorder = Recorder.for_probes(self.out_dir, self.probes, self.task.eval_columns, self.trackers)
         self.steps_done = 0
         self.result = {"status": "completed", "diverged_at_step": None, "first_loss": None,
                        "last_loss": None, "best_eval_loss": None, "final_eval_loss": None,
@@ -118,7 +118,7 @@ class Run:
         self.result, self.explode_at = dict(state["result"]), state["explode_at"]
         self.steps_done = state["step"]
         # Rows written after the checkpoint are cut: the resumed run writes them again.
-        self.recorder = recorder_for(self.out_dir, self.model, self.probes, self.task, self.trackers, state)
+        self.recorder = Recorder.for_probes(self.out_dir, self.probes, self.task.eval_columns, self.trackers, state)
         self.task.load_state_dict(state["task"])
         self.model.train()
         checkpoint.set_rng_state(state["rng"])  # last: building the run above drew from it
@@ -171,11 +171,8 @@ class Run:
         row = {"step": step, "lr": lr, "loss": loss}
         if self.cadence.is_eval_step(step):
             row.update(self.task.evaluate(self.model, step))
-            result, best = self.result, self.result["best_eval_loss"]
-            if math.isfinite(row["eval_loss"]) and (best is None or row["eval_loss"] < best):
-                result["best_eval_loss"] = row["eval_loss"]
-            result.update(final_eval_loss=row["eval_loss"], final_eval_acc=row["eval_acc"])
-            self.task.summarise_eval(row, result)
+            eval_results(self.result, row)
+            self.task.summarise_eval(row, self.result)
         row["elapsed_s"] = time.perf_counter() - self.start
         return self.recorder.write(row, rows)
 
