@@ -103,3 +103,33 @@ def run_ranks(cfg, out_dir: Path, world: int = 2, exit_after: Optional[int] = No
             if p.is_alive():
                 p.kill()
         store.unlink(missing_ok=True)
+
+
+def _call_main(rank: int, world: int, store: str, fn, args: tuple, env: dict) -> None:
+    os.environ.update(env, RANK=str(rank))
+    torch.set_num_threads(1)
+    from stabexp import distributed
+
+    distributed.setup(init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        fn(*args)
+    finally:
+        distributed.teardown()
+
+
+def call_on_ranks(fn, *args, world: int = 2, timeout: float = 240) -> None:
+    """fn(*args) on `world` gloo ranks (fn defined at the top level of a module, so that the
+    spawned processes can import it)."""
+    store = Path(os.environ.get("TMPDIR", "/tmp")) / f".store-{uuid.uuid4().hex}"
+    env = {"STABEXP_DIST_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1", "STABEXP_DATA": os.environ["STABEXP_DATA"]}
+    ctx = mp.spawn(_call_main, args=(world, str(store), fn, args, env), nprocs=world, join=False)
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=2):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world} ranks did not finish within {timeout} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        store.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from conftest import TINY, WALL, assert_same_files, cli_env
 from corpus import translation_overrides
-from ranks import run_ranks
+from ranks import call_on_ranks, run_ranks
 from stabexp import distributed
 from stabexp.config import ConfigError, compose, validate_world
 from stabexp.data import make_task, prepare
@@ -191,6 +191,57 @@ def test_two_ranks_give_the_one_process_numbers(parallel, task, one_process, tmp
         assert (out / "test_translations.tsv").read_text() == (reference / task / "test_translations.tsv").read_text()
     # One folder, rank 0's files (ranks.py fails a rank > 0 that opens a file there to write).
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (reference / task).iterdir())
+
+
+# Every init rule, and the placements whose constructors set values of their own (ReZero's
+# alpha, DLCL's history, NormFormer's head scales, DyT's alpha, Fixup's scalars).
+SHARDED_INIT = ["postln", "postln_init", "deepnorm", "deepnorm_torchscale", "admin", "admin_closed_form", "ds_init",
+                "fixup", "t_fixup", "subln", "rezero", "dlcl", "normformer", "dyt"]
+
+
+def _initialised(cfg):
+    """(every parameter whole, the init's constants, the random state after it) of the run's
+    model as train() builds it, sharded or not."""
+    from stabexp.train.build import describe, model_for
+
+    cpu = torch.device("cpu")
+    task = make_task(cfg, cpu)
+    torch.manual_seed(cfg.seed)
+    task.probe_batch()
+    model = model_for(cfg, task, cpu)
+    summary = {}
+    describe(cfg, model, task, cpu, summary)
+    params = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+              for name, p in model.named_parameters()}
+    sharded = all(hasattr(p, "full_tensor") for p in model.parameters())
+    return params, summary["constants"], torch.get_rng_state(), sharded
+
+
+def _initialise_sharded(yamls, out):
+    from omegaconf import OmegaConf
+
+    got = [_initialised(OmegaConf.create(y)) for y in yamls]
+    if distributed.rank() == 0:
+        torch.save(got, out)
+
+
+def test_the_sharded_init_is_the_unsharded_one_bit_for_bit(tmp_path):
+    """Under FSDP each layer is sharded as it is built and the init rule runs on the shards
+    (distributed.build_sharded, whole_draws): on 2 ranks, every parameter, constant (Admin's
+    profiled omegas too) and the random state after the init equal one process's exactly."""
+    from omegaconf import OmegaConf
+
+    cfgs = [compose_cfg(f"group={g}", "depth=3", "train.parallel=fsdp") for g in SHARDED_INIT]
+    cfgs.append(compose_cfg("group=deepnorm", "model.arch=decoder_only", "task=lm", "train.parallel=fsdp"))
+    for cfg in cfgs:
+        prepare(cfg)
+    call_on_ranks(_initialise_sharded, [OmegaConf.to_yaml(c) for c in cfgs], str(tmp_path / "sharded.pt"))
+    for cfg, (params, constants, rng, sharded) in zip(cfgs, torch.load(tmp_path / "sharded.pt", weights_only=False)):
+        cfg.train.parallel = "none"
+        want, want_constants, want_rng, _ = _initialised(cfg)
+        assert sharded, cfg.group.name
+        assert [n for n in want if not torch.equal(want[n], params[n])] == [], cfg.group.name
+        assert (constants, torch.equal(rng, want_rng)) == (want_constants, True), cfg.group.name
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime
 import os
 from contextlib import contextmanager
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -225,13 +225,62 @@ def check_shardable(model: nn.Module) -> None:
                           "cannot shard (give it shape (1,) in the model, or use train.parallel=ddp)")
 
 
+def _fsdp():
+    """FSDP2's fully_shard and FSDPModule (public from torch 2.6; the SUM reduction this module
+    relies on from 2.8)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+    except ImportError:
+        FSDPModule = fully_shard = None
+    if not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+        raise ConfigError(f"train.parallel=fsdp needs torch 2.8 or later (this is {torch.__version__}): "
+                          "use train.parallel=ddp")
+    return FSDPModule, fully_shard
+
+
+def _shard(module: nn.Module, bf16: bool) -> None:
+    """fully_shard one module in place. bf16: FSDP2's mixed precision, parameters gathered in
+    bf16 for the forward and backward, gradients reduced in fp32 into the fp32 shards, which the
+    optimiser updates (its master weights)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    FSDPModule, fully_shard = _fsdp()
+    check_shardable(module)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    fully_shard(module, mp_policy=policy)
+    # The reduction is a SUM followed by the division by K, not the reduce-scatter with AVG,
+    # which gloo has been seen to do as a SUM (pytorch/pytorch#162338); the parity tests
+    # (tests/test_distributed.py) check the result either way.
+    module.set_force_sum_reduction_for_comms(True)
+
+
+def build_sharded(build: Callable[[], nn.Module], is_layer: Callable[[nn.Module], bool], device: torch.device,
+                  bf16: bool = False) -> nn.Module:
+    """FSDP2 without any rank holding the whole model: `build()` runs as it would for one
+    process, and each layer (`is_layer`) is moved to `device` and fully_shard-ed the moment it
+    is built (a module-registration hook), before the next layer exists; then the root. So the
+    constructor draws from the random stream exactly as the unsharded build does, and a rank
+    holds one whole layer at most, beside its shards of the others. Then the init rule runs
+    on the shards (`whole_draws`)."""
+    def shard_layer(parent: nn.Module, name: str, module: nn.Module):
+        if is_layer(module) and not is_sharded(module):
+            _shard(module.to(device), bf16)
+        return None
+
+    handle = nn.modules.module.register_module_module_registration_hook(shard_layer)
+    try:
+        model = build()
+    finally:
+        handle.remove()
+    _shard(model.to(device), bf16)
+    return model
+
+
 def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
-    """The module the training step calls: DDP around the model, or the model itself after
-    fully_shard of every layer and then of the root (FSDP2 turns the model into an FSDPModule
-    in place: parameters become DTensor shards). Under FSDP the gradient reduction is a SUM
-    followed by the division by K (`set_force_sum_reduction_for_comms`), not the reduce-scatter
-    with AVG, which gloo has been seen to do as a SUM (pytorch/pytorch#162338); the parity tests
-    (tests/test_distributed.py) check the result either way."""
+    """The module the training step calls: DDP around the model, or under FSDP the model
+    itself, sharded by `build_sharded` (or here, every layer and then the root, when it was
+    built whole: FSDP2 turns the model into an FSDPModule in place, its parameters DTensor
+    shards)."""
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -243,24 +292,107 @@ def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
                    else "broadcast_buffers")
         return DistributedDataParallel(model, device_ids=[local_rank()] if device.type == "cuda" else None,
                                        **{no_sync: False})
-    if parallel == "fsdp":
-        try:
-            from torch.distributed.fsdp import FSDPModule, fully_shard
-        except ImportError:  # FSDP2 is public from torch 2.6
-            FSDPModule = fully_shard = None
-        if not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
-            raise ConfigError(f"train.parallel=fsdp needs torch 2.8 or later (this is {torch.__version__}): "
-                              "use train.parallel=ddp")
+    if parallel == "fsdp" and not is_sharded(model):
         check_shardable(model)
         for stack in (getattr(model, "encoder", ()), getattr(model, "decoder", ())):
             for layer in stack:
-                fully_shard(layer)
-        fully_shard(model)
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_force_sum_reduction_for_comms(True)
-        return model
+                _shard(layer, False)
+        _shard(model, False)
     return model
+
+
+# Tensor methods that fill a tensor with random numbers: each draws numel() numbers, in order.
+_RANDOM_FILLS = {"normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_",
+                 "random_"}
+
+
+@contextmanager
+def whole_draws(model: nn.Module):
+    """For the init rule of a sharded `model`: each nn.init function and each random fill
+    (normal_, uniform_, ...) called on a sharded parameter runs on the whole tensor, as the
+    unsharded init does (nn.init's from its current values, gathered), and every rank keeps its
+    shard of the result: the shards of the unsharded init for the same seed, the random stream
+    advancing as it would. A slice of a parameter (W_Q, W_K, W_V of a fused projection) is a
+    view of the parameter gathered whole, written back to the shards before any other call
+    reads or writes a parameter. A rank holds one layer's fused parameters whole at most, never
+    the model. Every parameter is sharded again at the end (a rule's forward, Admin's
+    profiling, leaves the root's gathered)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.overrides import TorchFunctionMode
+
+    def keep_mine(param: torch.Tensor, whole: torch.Tensor) -> None:
+        # src_data_rank=None: every rank holds the same whole tensor and keeps its part.
+        mine = distribute_tensor(whole.detach(), param.device_mesh, param.placements, src_data_rank=None)
+        with torch.no_grad():
+            param.to_local().copy_(mine.to_local())
+
+    layers = [m for m in model.modules() if is_sharded(m) and m is not model]
+    unit = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}  # the root's: none
+
+    class WholeDraws(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            # id(parameter) -> [parameter, its whole copy, written since its last write-back]
+            self.gathered: dict = {}
+
+        def slice_of(self, a) -> Optional[list]:
+            if not isinstance(a, torch.Tensor) or isinstance(a, DTensor) or a.device.type == "meta":
+                return None
+            try:
+                ptr = a.untyped_storage().data_ptr()
+            except RuntimeError:  # a tensor without storage of its own (a functional wrapper)
+                return None
+            return next((e for e in self.gathered.values() if e[1].untyped_storage().data_ptr() == ptr), None)
+
+        def write_back(self, drop=lambda key: False) -> None:
+            for key in list(self.gathered):
+                entry = self.gathered[key]
+                if entry[2]:
+                    keep_mine(entry[0], entry[1])
+                    entry[2] = False
+                if drop(key):
+                    del self.gathered[key]
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            first = args[0] if args else kwargs.get("tensor")
+            name = getattr(func, "__name__", "")
+            if name == "__getitem__" and isinstance(first, DTensor) and isinstance(first, nn.Parameter):
+                key = id(first)
+                # Another layer's parameter: the gathered ones are done with (one layer at a time).
+                self.write_back(drop=lambda k: unit.get(k) != unit.get(key))
+                if key not in self.gathered:
+                    # clone: full_tensor may return an async collective's wrapper, not storage to write to
+                    self.gathered[key] = [first, first.full_tensor().clone(), False]
+                return self.gathered[key][1][args[1]]
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            slices = [e for e in map(self.slice_of, tensors) if e is not None] if self.gathered else []
+            if slices:  # a call on a slice of a gathered parameter
+                for entry in slices:
+                    entry[2] = True
+                return func(*args, **kwargs)
+            if tensors:  # the shards are read or written: they are brought up to date first
+                direct = {id(a) for a in tensors if isinstance(a, DTensor)}
+                self.write_back(drop=lambda k: k in direct)  # a slice of it taken before is stale now
+            is_init = getattr(func, "__module__", None) == "torch.nn.init"
+            if not isinstance(first, DTensor) or not (is_init or name in _RANDOM_FILLS):
+                return func(*args, **kwargs)
+            whole = first.full_tensor().clone() if is_init else torch.empty(first.shape, dtype=first.dtype,
+                                                                           device=first.to_local().device)
+            if args:
+                func(whole, *args[1:], **kwargs)
+            else:
+                func(**{**kwargs, "tensor": whole})
+            keep_mine(first, whole)
+            return first
+
+    mode = WholeDraws()
+    with mode:
+        yield
+        mode.write_back(drop=lambda key: True)
+    for module in model.modules():
+        if is_sharded(module):
+            module.reshard()
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -261,6 +261,7 @@ class AdminProfile:
     def __init__(self, tokens=None):
         self.ratio = 1.0
         self.omegas = []
+        self.sublayers = []  # the Residual each of `omegas` belongs to
         self.tokens = tokens  # (B, T) real tokens of the stack's input; None: every position
 
     def attach(self, res: Residual) -> list:
@@ -279,6 +280,7 @@ class AdminProfile:
     def step(self, res: Residual, x: torch.Tensor, g: torch.Tensor) -> None:
         res.omega.fill_(self.ratio)
         self.omegas.append(self.ratio)
+        self.sublayers.append(res)
         x = res.omega * x
         if self.tokens is not None:  # padding is not part of the signal being profiled
             x, g = x[self.tokens], g[self.tokens]
@@ -302,6 +304,11 @@ def admin_profiled(model: Seq2SeqTransformer, batch: Callable[[], Batch]) -> Dic
     finally:
         for h in handles:
             h.remove()
+    # Again, after the pass: under FSDP the pass filled the layers' gathered copies of omega,
+    # which are dropped after each layer's forward; this fills the shards the run keeps.
+    for p in profiles.values():
+        for res, omega in zip(p.sublayers, p.omegas):
+            res.omega.fill_(omega)
     return {"admin_omega": {stack: p.omegas for stack, p in profiles.items()}}
 
 
@@ -333,18 +340,21 @@ def initial_scalars(model: Seq2SeqTransformer) -> Dict:
     weight of each output below layer l + 1, uniform)."""
     from stabexp.model.transformer import DenseHistory, HeadScale, Scale, Shift
 
+    def whole(p: torch.Tensor) -> torch.Tensor:  # a sharded parameter (FSDP) gathered; they are small
+        return p.full_tensor() if hasattr(p, "full_tensor") else p
+
     found: Dict = {}
-    for kind, values in (("rezero_alpha", [m.alpha.item() for m in model.modules()
+    for kind, values in (("rezero_alpha", [whole(m.alpha).item() for m in model.modules()
                                            if isinstance(m, Residual) and isinstance(getattr(m, "alpha", None), nn.Parameter)]),
-                         ("fixup_shift", [m.bias.item() for m in model.modules() if isinstance(m, Shift)]),
-                         ("fixup_scale", [m.weight.item() for m in model.modules() if isinstance(m, Scale)]),
-                         ("head_scale", [g for m in model.modules() if isinstance(m, HeadScale) for g in m.gamma.tolist()])):
+                         ("fixup_shift", [whole(m.bias).item() for m in model.modules() if isinstance(m, Shift)]),
+                         ("fixup_scale", [whole(m.weight).item() for m in model.modules() if isinstance(m, Scale)]),
+                         ("head_scale", [g for m in model.modules() if isinstance(m, HeadScale) for g in whole(m.gamma).tolist()])):
         if values:
             found[kind] = sorted(set(values))
     for stack in ("encoder", "decoder"):
         history = getattr(model, f"{stack}_history", None)
         if isinstance(history, DenseHistory):
-            w = history.weight.detach()
+            w = whole(history.weight).detach()
             found.setdefault("dlcl_row_weights", {})[stack] = [
                 sorted({round(float(v), 8) for v in w[l, : l + 1]}) for l in range(w.shape[0])]
     return found

@@ -5,6 +5,7 @@ probes, evaluates, checkpoints and reads its loss (`Cadence`). train/run.py puts
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Dict
 
 import torch
@@ -14,6 +15,7 @@ from stabexp import distributed, plugins, theory
 from stabexp.config import ConfigError
 from stabexp.data import Task
 from stabexp.model import build_model, initialise
+from stabexp.model.transformer import DecoderLayer, EncoderLayer
 from stabexp.probes.adapters import StabexpAdapter
 from stabexp.probes.base import ProbeContext, ProbeSet
 from stabexp.train.schedule import lr_factor
@@ -46,8 +48,16 @@ def reads_loss_every_step(device: torch.device) -> bool:
 
 
 def model_for(cfg: DictConfig, task: Task, device: torch.device) -> torch.nn.Module:
-    """The run's model on `device`, not yet initialised (the caller seeds first)."""
-    model = build_model(cfg, task.vocab_size, task.pad_id, task.max_positions).to(device)
+    """The run's model on `device`, not yet initialised (the caller seeds first); under FSDP
+    sharded layer by layer as it is built (distributed.build_sharded)."""
+    def build():
+        return build_model(cfg, task.vocab_size, task.pad_id, task.max_positions)
+
+    if cfg.train.parallel == "fsdp":
+        model = distributed.build_sharded(build, lambda m: isinstance(m, (EncoderLayer, DecoderLayer)), device,
+                                          bf16=cfg.train.precision == "bf16")
+    else:
+        model = build().to(device)
     model.checkpoint_layers = cfg.train.activation_checkpointing
     return model
 
@@ -55,7 +65,8 @@ def model_for(cfg: DictConfig, task: Task, device: torch.device) -> torch.nn.Mod
 def describe(cfg: DictConfig, model: torch.nn.Module, task: Task, device: torch.device, summary: Dict) -> None:
     """Initialise the model and put what the run resolved into the summary."""
     t, o = cfg.train, cfg.optim
-    summary["constants"] = initialise(model, cfg.group.init, task.init_batch)
+    with distributed.whole_draws(model) if distributed.is_sharded(model) else nullcontext():
+        summary["constants"] = initialise(model, cfg.group.init, task.init_batch)
     summary["parameters"] = sum(p.numel() for p in model.parameters())
     summary["chance_loss"] = task.chance_loss
     summary.update(task.info())
