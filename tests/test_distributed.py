@@ -60,10 +60,10 @@ def test_the_world_is_checked_with_one_line():
         from stabexp.config import validate
 
         validate(compose_cfg("train.parallel=pipeline"))
-    with pytest.raises(ConfigError, match="probe.weights=True is not allowed: must be false with train.parallel=fsdp"):
+    with pytest.raises(ConfigError, match="probe.dependency=True is not allowed: must be false with train.parallel=fsdp"):
         from stabexp.config import validate
 
-        validate(compose_cfg("train.parallel=fsdp", "probe.weights=true"))
+        validate(compose_cfg("train.parallel=fsdp", "probe.dependency=true"))
 
 
 def test_fsdp_names_a_scalar_parameter_it_cannot_shard():
@@ -193,6 +193,26 @@ def test_two_ranks_give_the_one_process_numbers(parallel, task, one_process, tmp
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (reference / task).iterdir())
 
 
+# The weight-matrix probes, whose numbers under FSDP are sums over row shards (and spectral
+# norms of matrices gathered one at a time).
+MATRIX_PROBES = ["group=deepnorm", "probe.weights=true", "probe.update_bound=true"]
+
+
+@SLOW
+def test_the_weight_probes_from_shards_are_the_one_process_numbers(tmp_path):
+    """probe.weights (norms, angular updates, row angles, gradient norms of every matrix) and
+    probe.update_bound (spectral and Frobenius terms of DeepNet's bound) under FSDP on 2 ranks
+    against one process: fp32 rounding apart."""
+    cfg = compose_cfg(*PARITY, *MATRIX_PROBES)
+    prepare(cfg)
+    train(cfg, tmp_path / "one")
+    run_ranks(compose_cfg(*PARITY, *MATRIX_PROBES, "train.parallel=fsdp"), tmp_path / "fsdp")
+    assert_close_files(tmp_path / "one", tmp_path / "fsdp", "fsdp weights, update bound")
+    x, y = (pd.read_csv(tmp_path / d / "update_bound.csv") for d in ("one", "fsdp"))
+    pd.testing.assert_frame_equal(x, y, obj="update_bound.csv", **CLOSE)
+    assert pd.read_csv(tmp_path / "fsdp" / "layers.csv")["angular_update"].notna().sum() > 0
+
+
 # Every init rule, and the placements whose constructors set values of their own (ReZero's
 # alpha, DLCL's history, NormFormer's head scales, DyT's alpha, Fixup's scalars).
 SHARDED_INIT = ["postln", "postln_init", "deepnorm", "deepnorm_torchscale", "admin", "admin_closed_form", "ds_init",
@@ -247,7 +267,8 @@ def test_the_sharded_init_is_the_unsharded_one_bit_for_bit(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_a_run_killed_on_both_ranks_resumes_to_the_same_files(parallel, tmp_path):
-    cfg = compose_cfg(f"train.parallel={parallel}", "model.dropout=0.1")  # each rank's dropout stream too
+    # each rank's dropout stream too, and the update bound's theta_0 (DCP's under FSDP)
+    cfg = compose_cfg(f"train.parallel={parallel}", "model.dropout=0.1", *MATRIX_PROBES)
     run_ranks(cfg, tmp_path / "whole")
     run_ranks(cfg, tmp_path / "killed", exit_after=13)  # the last checkpoint is step 10's
     state = json.loads((tmp_path / "killed" / "summary.json").read_text())

@@ -7,10 +7,12 @@ What stays the same as in one process, and how:
   its rows (`share`): the batch, and every batch after it, is the one-process run's. The loss
   of a share is its summed token loss over the global count of predicted tokens, times K (DDP
   and FSDP2 average the gradients over K ranks), so the gradient is the one-process gradient.
-- Every rank is seeded alike and builds and initialises the same model; the probes run on
-  the whole fixed probe batch on every rank (under FSDP with the full weights gathered,
-  `full_weights`), so they need no reduction; the gradient norms under FSDP are summed from
-  the local shards in one collective (`sum_`, the probes' reduction).
+- Every rank is seeded alike and builds and initialises the same model (under FSDP each layer
+  sharded as it is built, `build_sharded`); the probes run on the whole fixed probe batch on
+  every rank (under FSDP layer by layer through FSDP's own all-gather, `layer_by_layer`), and
+  what they read of the weights and gradients combines over the shards as each probe declares
+  (the probes' `combine`: `sum_`, `max_`, `gather`). Evaluation and decoding, whose forwards
+  differ between ranks, run on the whole gathered model (`full_weights`).
 - Only rank 0 writes files (train/files.py's writers do nothing on the other ranks) and
   holds the run's lock; decisions about the folder and about divergence are taken from
   values every rank has (`broadcast`, an all-reduced loss), so no rank waits in a collective
@@ -432,6 +434,24 @@ def full_weights(model: nn.Module):
             m.set_reshard_after_forward(True, recurse=False)
         for m in [model, *layers]:
             m.reshard()
+
+
+@contextmanager
+def layer_by_layer(model: nn.Module):
+    """Under FSDP, the probe passes: the root's own parameters (embeddings, final norm) gathered
+    for the block, each layer's by FSDP's own all-gather as that layer runs and freed after it,
+    so no rank holds more than the root and one layer. Every rank runs the same passes on the
+    same probe batch (the collectives match), and they call layers only through their forward.
+    Elsewhere a no-op."""
+    if not is_sharded(model):
+        yield
+        return
+    model._get_fsdp_state()._lazy_init()  # the model as FSDP's root (see full_weights)
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,7 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
 def reference_features(adapter, batch) -> torch.Tensor:
     """F(x, theta) on the probe batch as every probe step takes it (the adapter's probe pass,
     LayerProbe.measure_pass), so that the model update at step 0 is exactly 0: a copy, kept."""
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: see LayerProbe.measure_pass
         features = adapter.probe_pass(batch)[0]
     return features.clone()
 
@@ -158,7 +158,9 @@ class LayerProbe:
         """(F, ln_input_norm, max_attn_logit, stream_norm) on stabexp's batch (src, tgt_in)."""
         return self.measure_pass(batch)[:4]
 
-    @torch.inference_mode()
+    # no_grad, not inference_mode: under FSDP the pass fills the layers' all-gather buffers,
+    # which the training step writes again, and an inference tensor cannot be written outside it.
+    @torch.no_grad()
     def measure_pass(self, batch):
         """F(x, theta) in eval mode (no dropout), plus, on the same pass, each sublayer's
         ln_input_norm (over the real tokens of its stack's input), its largest attention

@@ -36,7 +36,7 @@ NEEDS = (SUBLAYERS, PROBE_BATCH, REFERENCE, TASK, STABEXP_MODEL)
 REPLICATED = "replicated"        # from whole weights outside the gathered passes: not under FSDP
 SUM_OF_SQUARES = "sum_of_squares"  # norms from the local shards, squared sums added over ranks
 MAX = "max"                      # a largest value, the max over ranks
-GATHER = "gather"                # every rank's values, gathered to rank 0
+GATHER = "gather"                # every rank's values (or shards) gathered
 COMBINE = (REPLICATED, SUM_OF_SQUARES, MAX, GATHER)
 
 

@@ -45,12 +45,13 @@ change and the sublayer's term of the sum, in both readings.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
 from stabexp.config import placements as stack_placements
-from stabexp.probes.base import REFERENCE, STABEXP_MODEL, SUBLAYERS, Probe, ProbeContext, Rows, refuse_unless
+from stabexp.distributed import local
+from stabexp.probes.base import REFERENCE, STABEXP_MODEL, SUBLAYERS, GATHER, Probe, ProbeContext, Rows, refuse_unless
 from stabexp.probes.statistics import per_token_norm
 
 COLUMNS = ["step", "stack", "layer", "sublayer", "alpha", "v", "w", "param_change", "term",
@@ -66,29 +67,41 @@ def xavier_norm(w: torch.Tensor) -> float:
 
 
 class UpdateBound:
-    """The terms of Theorem 4.1 (a single stack) or 4.3 (encoder-decoder), sublayer by sublayer."""
+    """The terms of Theorem 4.1 (a single stack) or 4.3 (encoder-decoder), sublayer by sublayer.
 
-    def __init__(self, model, init: Optional[List[torch.Tensor]] = None):
+    Under FSDP2 (`sharded`) a spectral norm is not a sum over row shards, and V is a slice of
+    the fused QKV projection, whose rows the shards split anywhere: theta_0 is kept as each
+    rank's shards of the branches' weight parameters, and at a probe step each sublayer's
+    parameters, now and at theta_0, are gathered whole, one sublayer at a time (never the model),
+    and read through the branch's own `matrices()`."""
+
+    def __init__(self, model, sharded: bool = False):
+        self.sharded = sharded
         self.keys: List[Tuple[str, int, str]] = []
         self.alphas: List[float] = []
         self.matrices: List[torch.Tensor] = []  # (V, O) or (W_1, W_2) of each sublayer, in order
+        self.branches: List[Tuple[torch.nn.Module, str, Dict[str, torch.Tensor]]] = []  # sharded
         for stack, layer, name, res in model.residuals():
             self.keys.append((stack, layer, name))
             self.alphas.append(float(getattr(res, "alpha", 1.0)))  # DeepNorm's alpha; Post-LN's 1
-            mats = res.branch.matrices()
-            self.matrices += [mats[k] for k in SCALED[name]]
-        self.xi = torch.tensor([xavier_norm(w) for w in self.matrices], device=self.matrices[0].device)
-        # theta_0: taken now (a new run) or the checkpoint's copy (a resumed one).
-        self.init = init if init is not None else [w.detach().clone() for w in self.matrices]
+            if sharded:
+                weights = {n: p for n, p in res.branch.named_parameters() if p.dim() >= 2}
+                self.branches.append((res.branch, name, weights))
+                shapes = _scaled(res.branch, name, {n: torch.empty(p.shape, device="meta") for n, p in weights.items()})
+                self.matrices += [torch.empty(m.shape, device="meta") for m in shapes]
+            else:
+                mats = res.branch.matrices()
+                self.matrices += [mats[k] for k in SCALED[name]]
+        self.xi = torch.tensor([xavier_norm(w) for w in self.matrices])
+        # theta_0, taken now; a resumed run loads the checkpoint's copy into it (load_state_dict).
+        self.init = ([local(p).detach().clone() for *_, weights in self.branches for p in weights.values()]
+                     if sharded else [w.detach().clone() for w in self.matrices])
 
     @torch.no_grad()
     def rows(self, step: int) -> List[Dict]:
-        current = [w.detach() for w in self.matrices]
-        changes = list(torch._foreach_sub(current, self.init))
-        spectral = _spectral_norms(current + changes)
-        frobenius = torch.stack(torch._foreach_norm(current + changes)).float()
-        n = len(current)
-        values = torch.stack([spectral[:n], spectral[n:], frobenius[:n] / self.xi, frobenius[n:] / self.xi]).cpu()
+        spectral, frobenius = self._sharded_norms() if self.sharded else self._norms()
+        n = len(self.matrices)
+        values = torch.stack([spectral[:n], spectral[n:], frobenius[:n] / self.xi, frobenius[n:] / self.xi])
         alpha = torch.tensor(self.alphas)
         rows = [{"step": step, "stack": stack, "layer": layer, "sublayer": name, "alpha": a}
                 for (stack, layer, name), a in zip(self.keys, self.alphas)]
@@ -98,6 +111,54 @@ class UpdateBound:
             for row, (v, w), c, t in zip(rows, scale.tolist(), change.tolist(), term.tolist()):
                 row.update({f"v{suffix}": v, f"w{suffix}": w, f"param_change{suffix}": c, f"term{suffix}": t})
         return rows
+
+    def _norms(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(spectral, Frobenius) norms of the matrices, then of their changes since theta_0."""
+        current = [w.detach() for w in self.matrices]
+        both = current + list(torch._foreach_sub(current, self.init))
+        return _spectral_norms(both).cpu(), torch.stack(torch._foreach_norm(both)).float().cpu()
+
+    def _sharded_norms(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """`_norms` under FSDP: each sublayer's parameters, now and at theta_0, gathered whole
+        and read through its branch's `matrices()`, their norms taken before the next one's."""
+        init = iter(self.init)
+        spectral, frobenius = [], []
+        for branch, name, weights in self.branches:
+            current = _scaled(branch, name, {n: p.full_tensor() for n, p in weights.items()})
+            initial = _scaled(branch, name, {n: whole(p, next(init)) for n, p in weights.items()})
+            both = current + list(torch._foreach_sub(current, initial))
+            spectral.append(_spectral_norms(both).cpu())
+            frobenius.append(torch.stack(torch._foreach_norm(both)).float().cpu())
+        # Per sublayer (now: V, O; change: V, O) -> the order of `_norms`: all now, all changes.
+        spectral, frobenius = torch.stack(spectral), torch.stack(frobenius)
+        return (torch.cat([spectral[:, :2].flatten(), spectral[:, 2:].flatten()]),
+                torch.cat([frobenius[:, :2].flatten(), frobenius[:, 2:].flatten()]))
+
+
+class _Matrices(torch.nn.Module):
+    """A branch's `matrices()` as a forward, so that torch.func.functional_call can read them
+    from parameters other than the branch's own (whole ones gathered from shards)."""
+
+    def __init__(self, branch: torch.nn.Module):
+        super().__init__()
+        self.branch = branch
+
+    def forward(self) -> Dict[str, torch.Tensor]:
+        return self.branch.matrices()
+
+
+def _scaled(branch: torch.nn.Module, name: str, weights: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+    """The two matrices of G = v w x of a sublayer, read from the parameters `weights`."""
+    mats = torch.func.functional_call(_Matrices(branch), {f"branch.{n}": w for n, w in weights.items()}, ())
+    return [mats[k] for k in SCALED[name]]
+
+
+def whole(like: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of which `shard` is this rank's part, sharded as the DTensor `like`."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(shard, like.device_mesh, like.placements, shape=like.shape,
+                              stride=like.stride()).full_tensor()
 
 
 def _spectral_norms(matrices: List[torch.Tensor]) -> torch.Tensor:
@@ -118,6 +179,7 @@ class UpdateBoundProbe(Probe):
 
     name = flag = "update_bound"
     needs = (SUBLAYERS, REFERENCE, STABEXP_MODEL)
+    combine = GATHER  # each sublayer's parameters gathered whole, one sublayer at a time
     files = {"update_bound.csv": COLUMNS}
 
     @classmethod
@@ -131,7 +193,7 @@ class UpdateBoundProbe(Probe):
 
     def __init__(self, ctx: ProbeContext):
         super().__init__(ctx)
-        self.bound = UpdateBound(ctx.model)
+        self.bound = UpdateBound(ctx.model, sharded=ctx.sharded)
 
     def at_init(self) -> None:
         self.ctx.summary["features_init_norm"] = per_token_norm(self.ctx.features_init, self.ctx.probe_tokens).item()
@@ -140,7 +202,14 @@ class UpdateBoundProbe(Probe):
         return Rows(files={"update_bound.csv": self.bound.rows(step)})
 
     def state_dict(self) -> Dict:
+        if self.ctx.sharded:  # each rank's shards, as DTensors: the checkpoint saves them with DCP
+            from torch.distributed.tensor import DTensor
+
+            params = [p for *_, weights in self.bound.branches for p in weights.values()]
+            return {"update_bound_init": [
+                DTensor.from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+                for t, p in zip(self.bound.init, params)]}
         return {"update_bound_init": self.bound.init}
 
     def load_state_dict(self, state: Dict) -> None:
-        self.bound.init = [w.to(self.ctx.device) for w in state["update_bound_init"]]
+        self.bound.init = [local(w).to(self.ctx.device) for w in state["update_bound_init"]]

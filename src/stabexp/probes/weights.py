@@ -13,14 +13,15 @@ Theory values for these: stabexp/theory.py.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from stabexp import theory
+from stabexp.distributed import local
 from stabexp.modes import eval_mode
-from stabexp.probes.base import PROBE_BATCH, Probe, ProbeContext, Rows, refuse_unless
+from stabexp.probes.base import PROBE_BATCH, SUM_OF_SQUARES, Probe, ProbeContext, Rows, refuse_unless
 
 Key = Tuple[str, int, str, str]  # (stack, layer, sublayer, param)
 
@@ -60,30 +61,57 @@ def weight_matrices(model: nn.Module) -> Iterator[Tuple[str, int, str, str, nn.P
 
 class WeightProbe:
     """Keeps one copy of the weight matrices (their values before the step being probed) and
-    measures norms and angles on device; the caller syncs once for all of them."""
+    measures norms and angles on device; the caller syncs once for all of them.
 
-    def __init__(self, model: nn.Module):
+    Under FSDP2 (`reduce`: the sum over ranks) a rank holds row shards: every quantity is then
+    a sum over the local rows added across the ranks, in two collectives (the norms first, as
+    the angle's unit vectors need them); FSDP shards dim 0, so each row, and its angle, is whole
+    on one rank."""
+
+    def __init__(self, model: nn.Module, reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         entries = list(weight_matrices(model))
         self.keys: List[Key] = [e[:4] for e in entries]
         self.weights = [e[4] for e in entries]
-        self.previous = [w.detach().clone() for w in self.weights]
+        self.reduce = reduce
+        self.previous = [local(w).detach().clone() for w in self.weights]
 
     def snapshot(self) -> None:
         """Call before the optimiser step whose angular update is wanted."""
         with torch.no_grad():
-            torch._foreach_copy_(self.previous, [w.detach() for w in self.weights])
+            torch._foreach_copy_(self.previous, [local(w).detach() for w in self.weights])
+
+    def _grads(self) -> List[torch.Tensor]:
+        return [local(w.grad) if w.grad is not None else torch.zeros_like(p)
+                for w, p in zip(self.weights, self.previous)]
 
     @torch.no_grad()
     def measure(self) -> torch.Tensor:
         """(4, n): ||w||, the angle from the snapshot, the mean angle of the rows, and ||grad||
         (0 without a gradient)."""
+        if self.reduce is not None:
+            return self._measure_shards()
         norms = torch.stack(torch._foreach_norm([w.detach() for w in self.weights])).float()
         angles = torch.stack([angle(p, w) for p, w in zip(self.previous, self.weights)])
         rows = torch.stack([angle(p.flatten(1), w.flatten(1), dim=1).mean()
                             for p, w in zip(self.previous, self.weights)])
-        grads = torch.stack(torch._foreach_norm(
-            [w.grad if w.grad is not None else torch.zeros_like(w) for w in self.weights])).float()
+        grads = torch.stack(torch._foreach_norm(self._grads())).float()
         return torch.stack([norms, angles.float(), rows.float(), grads])
+
+    def _measure_shards(self) -> torch.Tensor:
+        current = [local(w).detach().float() for w in self.weights]
+        previous = [p.float() for p in self.previous]
+        square = lambda ts: torch.stack(torch._foreach_norm(ts)) ** 2
+        row_sums = torch.stack([angle(p.flatten(1), w.flatten(1), dim=1).sum() if w.numel() else w.new_zeros(())
+                                for p, w in zip(previous, current)])
+        sums = self.reduce(torch.stack([square(current), square(previous), square(self._grads()).float(), row_sums]))
+        norms, previous_norms = sums[0].sqrt(), sums[1].sqrt()
+        # angle()'s Kahan form on the whole tensors, its two norms summed over the shards.
+        u = torch._foreach_div(previous, list(previous_norms.unbind()))
+        v = torch._foreach_div(current, list(norms.unbind()))
+        sides = self.reduce(torch.stack([square(torch._foreach_sub(u, v)), square(torch._foreach_add(u, v))]))
+        angles = 2 * torch.atan2(sides[0].sqrt(), sides[1].sqrt())
+        rows = sums[3] / torch.tensor([w.shape[0] for w in self.weights], device=sums.device)
+        return torch.stack([norms, angles, rows, sums[2].sqrt()])
 
 
 @torch.no_grad()
@@ -110,6 +138,7 @@ class Weights(Probe):
 
     name = flag = "weights"
     needs = (PROBE_BATCH,)
+    combine = SUM_OF_SQUARES  # norms, angles and row sums from the local shards (WeightProbe)
     layers_columns = ("param", "grad_norm", "weight_norm", "angular_update", "row_angular_update",
                       "effective_lr", "scale_invariant", "elements")
 
@@ -127,7 +156,7 @@ class Weights(Probe):
 
     def __init__(self, ctx: ProbeContext):
         super().__init__(ctx)
-        self.probe = WeightProbe(ctx.model)
+        self.probe = WeightProbe(ctx.model, reduce=ctx.reduce_sum if ctx.sharded else None)
         self.scale_invariant: List[bool] = []
         self.moved = False
 
@@ -167,8 +196,9 @@ class Weights(Probe):
             in zip(self.probe.keys, self.probe.weights, norms, angles, row_angles, grads, self.scale_invariant)])
 
     def state_dict(self) -> Dict:
-        return {"weights_previous": self.probe.previous, "scale_invariant": self.scale_invariant}
+        # The snapshot lives from before_step to measure within one step, never across a
+        # checkpoint; checkpoints of earlier versions hold it as weights_previous (unread).
+        return {"scale_invariant": self.scale_invariant}
 
     def load_state_dict(self, state: Dict) -> None:
-        torch._foreach_copy_(self.probe.previous, [w.to(self.ctx.device) for w in state["weights_previous"]])
         self.scale_invariant = state["scale_invariant"]

@@ -33,7 +33,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 import yaml
@@ -90,7 +90,10 @@ def save(out_dir: Path, state: Dict, model=None, optimizer=None) -> None:
         tmp.mkdir()
     distributed.barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "model_and_optim")
+    probe_shards = sharded_probe_state(state["probes"])
+    state["probes"] = {k: v for k, v in state["probes"].items() if k not in probe_shards}
+    dcp.save({"model": model_state, "optim": optim_state, **_flat_probes(probe_shards)},
+             checkpoint_id=tmp / "model_and_optim")
     if distributed.is_rank0():
         meta = {"format": FORMAT, "world_size": distributed.world(), "rng": rngs, **state}
         write_atomic(tmp / "state.pt", lambda f: torch.save(meta, f))
@@ -111,17 +114,33 @@ def _put_in_place(out_dir: Path) -> None:
     sync_folder(out_dir)
 
 
-def load_model_and_optimizer(state: Dict, model, optimizer) -> None:
+def sharded_probe_state(probes: Dict) -> Dict[str, List]:
+    """The entries of the probes' state that are lists of DTensors (each rank's shards of the
+    update bound's theta_0 under FSDP2): saved and loaded by DCP with the model, not by rank 0."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: v for k, v in probes.items()
+            if isinstance(v, list) and v and all(isinstance(t, DTensor) for t in v)}
+
+
+def _flat_probes(shards: Dict[str, List]) -> Dict[str, torch.Tensor]:
+    return {f"probes.{key}.{i}": t for key, tensors in shards.items() for i, t in enumerate(tensors)}
+
+
+def load_model_and_optimizer(state: Dict, model, optimizer, probes: Dict) -> None:
     """K processes: the model's and optimiser's tensors of a sharded checkpoint (`load`'s
-    state) into them, each rank its own shards."""
+    state) into them, each rank its own shards, and the probes' sharded state (`probes`: their
+    state_dict now, the templates) into state["probes"]."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)  # templates, filled in place
-    tensors = {"model": model_state, "optim": optim_state}
+    probe_shards = sharded_probe_state(probes)
+    tensors = {"model": model_state, "optim": optim_state, **_flat_probes(probe_shards)}
     reader, planner = _dcp_classes()
     dcp.load(tensors, storage_reader=reader(state["sharded"] / "model_and_optim"), planner=planner())
     set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
+    state["probes"].update(probe_shards)  # their tensors filled in place by dcp.load
 
 
 def _sharded_path(out_dir: Path) -> Optional[Path]:

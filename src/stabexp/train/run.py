@@ -89,8 +89,9 @@ class Run:
                        "last_loss": None, "best_eval_loss": None, "final_eval_loss": None,
                        "final_eval_acc": None}
         self.model.train()
-        with distributed.full_weights(self.model):
-            self._record(0, None, None, self.probes.start())
+        with distributed.layer_by_layer(self.model):
+            rows = self.probes.start()
+        self._record(0, None, None, rows)
         if distributed.rank() > 0:
             # Dropout masks of their own on the other ranks (rank 0 goes on with the seed's stream).
             torch.manual_seed(self.cfg.seed + 1_000_003 * distributed.rank())
@@ -112,7 +113,7 @@ class Run:
         if not distributed.active():
             self.opt.load_state_dict(state["optimizer"])
         else:
-            checkpoint.load_model_and_optimizer(state, self.model, self.opt)
+            checkpoint.load_model_and_optimizer(state, self.model, self.opt, self.probes.state_dict())
         self.sched.load_state_dict(state["schedule"])
         self.probes.load_state_dict(state["probes"])
         self.result, self.explode_at = dict(state["result"]), state["explode_at"]
@@ -159,8 +160,9 @@ class Run:
         self.steps_done, self.lr = step, lr
         row = None
         if self.probes.due(step, probing) or cadence.is_eval_step(step):
-            with distributed.full_weights(model):
-                row = self._record(step, lr, self.result["last_loss"], self.probes.measure(step, probing))
+            with distributed.layer_by_layer(model):
+                rows = self.probes.measure(step, probing)
+            row = self._record(step, lr, self.result["last_loss"], rows)
         self.progress.update(step, self.result["last_loss"] if not self.pending else None,
                              row.get("model_update") if row else None)
         return True
@@ -170,7 +172,8 @@ class Run:
         task's eval columns, which also update the run's best and final eval results."""
         row = {"step": step, "lr": lr, "loss": loss}
         if self.cadence.is_eval_step(step):
-            row.update(self.task.evaluate(self.model, step))
+            with distributed.full_weights(self.model):  # ranks evaluate shares of their own
+                row.update(self.task.evaluate(self.model, step))
             eval_results(self.result, row)
             self.task.summarise_eval(row, self.result)
         row["elapsed_s"] = time.perf_counter() - self.start
