@@ -6,7 +6,11 @@
    steps/s, peak memory, final eval loss (bf16 close to fp32, not equal).
 2. `stabexp bench` (tiny and base width, 6L-6L): stabexp against torch.nn.Transformer.
 3. The same fp32 run on one process group of one rank (torchrun --nproc-per-node=1) with
-   train.parallel=ddp and =fsdp: the one-process numbers (nccl on a GPU).
+   train.parallel=ddp and =fsdp, probe.weights and probe.update_bound on: the one-process
+   numbers (nccl on a GPU), FSDP's model sharded as it is built and its probes read from shards;
+   and FSDP with bf16 mixed precision (MixedPrecisionPolicy).
+4. `stabexp plan` of each of those runs against its measured peak (max_memory_allocated on a
+   GPU, the peak resident set less the memory before the model on the CPU).
 Prints a markdown table and writes each part's files under --out. `--device cpu --quick` runs
 the same steps on the CPU at a smaller size (tests/test_distributed.py does, so the script
 stays runnable where no GPU is).
@@ -25,13 +29,19 @@ import sys
 from pathlib import Path
 
 
-def stabexp(*args, nproc: int = 0) -> None:
+def stabexp(*args, nproc: int = 0) -> str:
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
                 if nproc else [sys.executable])
     done = subprocess.run([*launcher, "-m", "stabexp", *args], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
     if done.returncode != 0:
         raise SystemExit(f"failed: stabexp {' '.join(args)}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def planned_mib(overrides, world: int) -> float:
+    """`stabexp plan`'s peak per rank for these overrides, in MiB."""
+    return json.loads(stabexp("plan", *overrides, f"--world={world}", "--json").strip().splitlines()[-1])["peak"] / 2 ** 20
 
 
 def metrics(folder: Path):
@@ -73,22 +83,30 @@ def main(argv=None) -> int:
         folder = out / precision
         stabexp("run", *base, f"train.precision={precision}", f"hydra.run.dir={folder}")
         rows.append((f"{precision}, 1 process", json.loads((folder / "summary.json").read_text()), folder))
-    for parallel in ("ddp", "fsdp"):
-        folder = out / parallel
-        stabexp("run", *base, f"train.parallel={parallel}", f"hydra.run.dir={folder}", nproc=1)
-        rows.append((f"fp32, {parallel} on 1 rank", json.loads((folder / "summary.json").read_text()), folder))
+    probes = ["probe.weights=true", "probe.update_bound=true"]
+    plans = {}
+    for name, precision, parallel in (("fp32, ddp on 1 rank", "fp32", "ddp"), ("fp32, fsdp on 1 rank", "fp32", "fsdp"),
+                                      ("bf16, fsdp on 1 rank", "bf16", "fsdp")):
+        folder = out / f"{parallel}_{precision}"
+        overrides = [*base, *probes, f"train.parallel={parallel}", f"train.precision={precision}"]
+        stabexp("run", *overrides, f"hydra.run.dir={folder}", nproc=1)
+        rows.append((name, json.loads((folder / "summary.json").read_text()), folder))
+        plans[folder] = planned_mib(overrides, 1)
     bench = out / "bench.json"
     stabexp("bench", "--sizes", sizes, "--depths", "6" if not args.quick else "2", "--steps", bench_steps,
             "--repeats", "2", "--no-memory",
             "--out", str(bench))  # on the GPU when there is one
     fp32 = rows[0][2]
     print(f"{depth}L-{depth}L DeepNorm, tiny width, {steps} steps, train.device={args.device}\n")
-    print("| run | steps/s | peak MiB | final eval loss | largest relative difference from fp32 (loss, model update) |")
-    print("|---|---|---|---|---|")
+    print("| run | steps/s | peak MiB | planned MiB | final eval loss | largest relative difference from fp32 "
+          "(loss, model update) |")
+    print("|---|---|---|---|---|---|")
     for name, summary, folder in rows:
         diff = ("-" if folder == fp32 else
                 f"{largest_difference(fp32, folder, 'loss'):.1e}, {largest_difference(fp32, folder, 'model_update'):.1e}")
-        print(f"| {name} | {summary['steps_per_second']:.2f} | {summary['peak_memory_mib']:.0f} | "
+        own = summary["peak_memory_mib"] - summary.get("memory_before_model_mib", 0.0)  # the run's own
+        plan = f"{plans[folder]:.0f}" if folder in plans else "-"
+        print(f"| {name} | {summary['steps_per_second']:.2f} | {own:.0f} | {plan} | "
               f"{summary['final_eval_loss']:.4f} | {diff} |")
     print(f"\nstabexp bench: {bench}")
     return 0

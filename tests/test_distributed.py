@@ -64,6 +64,9 @@ def test_the_world_is_checked_with_one_line():
         from stabexp.config import validate
 
         validate(compose_cfg("train.parallel=fsdp", "probe.dependency=true"))
+    with pytest.raises(ConfigError, match="probe.layer_importance=True is not allowed: must be false with "
+                                          "train.parallel=fsdp on task.kind=translation"):
+        validate(compose_cfg("train.parallel=fsdp", "probe.layer_importance=true", "task=multi30k"))
 
 
 def test_fsdp_names_a_scalar_parameter_it_cannot_shard():
@@ -170,16 +173,19 @@ def one_process(tmp_path_factory, translation_corpus):
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("parallel, task", [("ddp", "sort"), pytest.param("fsdp", "sort", marks=SLOW),
-                                            pytest.param("ddp", "translation", marks=SLOW),
-                                            pytest.param("fsdp", "translation", marks=SLOW)])
-def test_two_ranks_give_the_one_process_numbers(parallel, task, one_process, tmp_path):
+@pytest.mark.parametrize("parallel, task, extra", [
+    ("ddp", "sort", []), pytest.param("fsdp", "sort", [], marks=SLOW),
+    pytest.param("fsdp", "sort", ["train.activation_checkpointing=true"], marks=SLOW, id="fsdp-sort-recompute"),
+    pytest.param("ddp", "translation", [], marks=SLOW), pytest.param("fsdp", "translation", [], marks=SLOW)])
+def test_two_ranks_give_the_one_process_numbers(parallel, task, extra, one_process, tmp_path):
     """Loss, gradient norms per sublayer, LN input norms, attention logits, the model update,
     eval loss and BLEU of 20 steps on 2 ranks against one process: fp32 rounding apart. A
-    gradient reduced as a SUM where an AVG is meant (pytorch/pytorch#162338) doubles them."""
+    gradient reduced as a SUM where an AVG is meant (pytorch/pytorch#162338) doubles them.
+    FSDP2 with each layer's activations recomputed in the backward (activation checkpointing
+    composed with the per-layer all-gather) gives the same numbers."""
     reference, tasks = one_process
     out = tmp_path / "run"
-    run_ranks(compose_cfg(*tasks[task], f"train.parallel={parallel}"), out)
+    run_ranks(compose_cfg(*tasks[task], f"train.parallel={parallel}", *extra), out)
     assert_close_files(reference / task, out, f"{parallel} {task}")
     summary = json.loads((out / "summary.json").read_text())
     one = json.loads((reference / task / "summary.json").read_text())
@@ -199,18 +205,68 @@ MATRIX_PROBES = ["group=deepnorm", "probe.weights=true", "probe.update_bound=tru
 
 
 @SLOW
-def test_the_weight_probes_from_shards_are_the_one_process_numbers(tmp_path):
-    """probe.weights (norms, angular updates, row angles, gradient norms of every matrix) and
-    probe.update_bound (spectral and Frobenius terms of DeepNet's bound) under FSDP on 2 ranks
+def test_the_weight_probes_and_qk_clip_on_shards_are_the_one_process_numbers(tmp_path):
+    """probe.weights (norms, angular updates, row angles, gradient norms of every matrix),
+    probe.update_bound (spectral and Frobenius terms of DeepNet's bound) and QK-Clip (rows of
+    the fused QKV projection rescaled on the rank that holds them) under FSDP on 2 ranks
     against one process: fp32 rounding apart."""
-    cfg = compose_cfg(*PARITY, *MATRIX_PROBES)
+    # Below the logits of the first steps: every head is clipped. And the layer importance, whose
+    # eval passes run layer by layer on every rank.
+    extra = ["train.qk_clip_tau=0.05", "probe.layer_importance=true"]
+    cfg = compose_cfg(*PARITY, *MATRIX_PROBES, *extra)
     prepare(cfg)
     train(cfg, tmp_path / "one")
-    run_ranks(compose_cfg(*PARITY, *MATRIX_PROBES, "train.parallel=fsdp"), tmp_path / "fsdp")
+    run_ranks(compose_cfg(*PARITY, *MATRIX_PROBES, *extra, "train.parallel=fsdp"), tmp_path / "fsdp")
+    assert pd.read_csv(tmp_path / "one" / "layers.csv")["max_attn_logit"].max() > 0.05
     assert_close_files(tmp_path / "one", tmp_path / "fsdp", "fsdp weights, update bound")
-    x, y = (pd.read_csv(tmp_path / d / "update_bound.csv") for d in ("one", "fsdp"))
-    pd.testing.assert_frame_equal(x, y, obj="update_bound.csv", **CLOSE)
+    for name in ("update_bound.csv", "layer_importance.csv"):
+        x, y = (pd.read_csv(tmp_path / d / name) for d in ("one", "fsdp"))
+        pd.testing.assert_frame_equal(x, y, obj=name, **CLOSE)
     assert pd.read_csv(tmp_path / "fsdp" / "layers.csv")["angular_update"].notna().sum() > 0
+
+
+def _bf16_sharded(yaml, out):
+    """A bf16 FSDP2 model: its parameters stay fp32 shards (the optimiser's master weights), the
+    forward computes on bf16 gathers and the gradients arrive in fp32."""
+    from omegaconf import OmegaConf
+
+    from stabexp.train.build import model_for
+
+    cfg = OmegaConf.create(yaml)
+    cpu = torch.device("cpu")
+    task = make_task(cfg, cpu)
+    torch.manual_seed(cfg.seed)
+    model = model_for(cfg, task, cpu)
+    src, tgt_in, tgt_out = task.train_batch()
+    seen = []
+    linear = next(m for m in model.encoder[0].modules() if isinstance(m, nn.Linear))
+    handle = linear.register_forward_pre_hook(lambda m, args: seen.append(m.weight.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        task.loss(model(src, tgt_in), tgt_out).backward()
+    handle.remove()
+    dtypes = {"shards": sorted({str(p.dtype) for p in model.parameters()}),
+              "grads": sorted({str(p.grad.dtype) for p in model.parameters() if p.grad is not None}),
+              "gathered": [str(d) for d in seen]}
+    if distributed.rank() == 0:
+        torch.save(dtypes, out)
+
+
+@SLOW
+def test_bf16_under_fsdp_is_bf16_compute_on_fp32_master_weights(tmp_path):
+    cfg = compose_cfg("train.parallel=fsdp", "train.precision=bf16")
+    prepare(cfg)
+    from omegaconf import OmegaConf
+
+    call_on_ranks(_bf16_sharded, OmegaConf.to_yaml(cfg), str(tmp_path / "dtypes.pt"))
+    dtypes = torch.load(tmp_path / "dtypes.pt")
+    assert dtypes == {"shards": ["torch.float32"], "grads": ["torch.float32"], "gathered": ["torch.bfloat16"]}
+    # And a run of it trains: on the fp32 run's path, to bf16's rounding.
+    run_ranks(cfg, tmp_path / "bf16")
+    one = compose_cfg("train.precision=bf16")
+    train(one, tmp_path / "one")
+    x, y = (pd.read_csv(tmp_path / d / "metrics.csv")["loss"].dropna() for d in ("one", "bf16"))
+    assert json.loads((tmp_path / "bf16" / "summary.json").read_text())["status"] == "completed"
+    assert (x - y).abs().max() < 0.05 * x.abs().max()
 
 
 # Every init rule, and the placements whose constructors set values of their own (ReZero's
@@ -465,9 +521,11 @@ def test_the_gpu_check_script_runs_on_the_cpu(tmp_path):
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     table = [line for line in done.stdout.splitlines() if line.startswith("| fp32, ")]
-    assert len(table) == 3  # fp32, ddp and fsdp on one rank
+    assert len(table) == 3  # fp32, ddp and fsdp on one rank (probes on)
     for line in table[1:]:  # a process group of one rank computes what one process does
         assert line.endswith("| 0.0e+00, 0.0e+00 |"), line
+        assert float(line.split("|")[4]) > 0  # the plan's peak beside the measured one
+    assert any(line.startswith("| bf16, fsdp on 1 rank |") for line in done.stdout.splitlines())
 
 
 def test_the_documented_torchrun_and_srun_commands_pass_the_checks(monkeypatch):

@@ -25,6 +25,7 @@ USAGE = """usage: stabexp run [OVERRIDES] [-m] [--cfg job] [--help]   train one 
        stabexp status [SWEEP_DIR]                          every run of a sweep: completed, running, ...
        stabexp report [SWEEP_DIR]                          a sweep as a markdown table (group x depth)
        stabexp claims [PATH ...] [--json] [--record FILE]  every paper claim's verdict, computed from the runs
+       stabexp plan [OVERRIDES] [--world K] [--gpu-memory GB]  what one run needs per rank on K GPUs (nothing trained)
        stabexp bench [--sizes tiny,small] [--depths 6,18,50]  speed and memory against torch.nn.Transformer
        stabexp export RUN_FOLDER [OUT_FILE]                an Admin run's final weights as a Post-LN model
        stabexp export-tensorboard SWEEP_DIR [--logdir DIR] finished run folders as TensorBoard event files
@@ -372,6 +373,10 @@ def _main(argv: List[str]) -> int:
         from stabexp.claims.command import main as claims_main
 
         return claims_main(rest)
+    if command == "plan":
+        from stabexp.plan import main as plan_main
+
+        return plan_main(rest)
     if command == "bench":
         from stabexp.bench import main as bench_main
 
@@ -384,8 +389,8 @@ def _main(argv: List[str]) -> int:
         from stabexp.tracking.export import main as export_tensorboard_main
 
         return export_tensorboard_main(rest)
-    print(f"stabexp: error: unknown command {command!r}: use run, list, status, report, claims, bench, "
-          "export or export-tensorboard", file=sys.stderr)
+    print(f"stabexp: error: unknown command {command!r}: use run, list, status, report, claims, plan, "
+          "bench, export or export-tensorboard", file=sys.stderr)
     return 2
 
 

@@ -607,8 +607,6 @@ def _check_qk_clip(cfg: DictConfig) -> None:
     from stabexp import plugins
 
     tau, m, tr = cfg.train.qk_clip_tau, cfg.model, cfg.train
-    need(tr.parallel != "fsdp", "train.qk_clip_tau", tau,
-          "must be 0 with train.parallel=fsdp (QK-Clip rescales rows of sharded W_q, W_k): use train.parallel=ddp")
     need(cfg.task.kind != "translation", "train.qk_clip_tau", tau,
           "takes each head's largest logit over every query, and padded translation batches have "
           "queries no loss reads: language-model and synthetic tasks only")

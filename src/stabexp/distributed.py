@@ -113,6 +113,7 @@ def setup(init_method: Optional[str] = None, rank: Optional[int] = None, world_s
 
 
 def teardown() -> None:
+    _MESHES.clear()  # of the group destroyed here
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -240,7 +241,21 @@ def _fsdp():
     return FSDPModule, fully_shard
 
 
-def _shard(module: nn.Module, bf16: bool) -> None:
+_MESHES: dict = {}
+
+
+def device_mesh(device: torch.device):
+    """The one-dimensional mesh of the K ranks FSDP2 shards over, made once per device type
+    (`stabexp plan` makes it before it enters FakeTensorMode, where a mesh cannot be made)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (device.type, world())
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(device.type, (world(),))
+    return _MESHES[key]
+
+
+def _shard(module: nn.Module, bf16: bool, device: torch.device) -> None:
     """fully_shard one module in place. bf16: FSDP2's mixed precision, parameters gathered in
     bf16 for the forward and backward, gradients reduced in fp32 into the fp32 shards, which the
     optimiser updates (its master weights)."""
@@ -249,7 +264,7 @@ def _shard(module: nn.Module, bf16: bool) -> None:
     FSDPModule, fully_shard = _fsdp()
     check_shardable(module)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    fully_shard(module, mp_policy=policy)
+    fully_shard(module, mesh=device_mesh(device), mp_policy=policy)
     # The reduction is a SUM followed by the division by K, not the reduce-scatter with AVG,
     # which gloo has been seen to do as a SUM (pytorch/pytorch#162338); the parity tests
     # (tests/test_distributed.py) check the result either way.
@@ -266,7 +281,7 @@ def build_sharded(build: Callable[[], nn.Module], is_layer: Callable[[nn.Module]
     on the shards (`whole_draws`)."""
     def shard_layer(parent: nn.Module, name: str, module: nn.Module):
         if is_layer(module) and not is_sharded(module):
-            _shard(module.to(device), bf16)
+            _shard(on_device(module, device), bf16, device)
         return None
 
     handle = nn.modules.module.register_module_module_registration_hook(shard_layer)
@@ -274,8 +289,16 @@ def build_sharded(build: Callable[[], nn.Module], is_layer: Callable[[nn.Module]
         model = build()
     finally:
         handle.remove()
-    _shard(model.to(device), bf16)
+    _shard(on_device(model, device), bf16, device)
     return model
+
+
+def on_device(module: nn.Module, device: torch.device) -> nn.Module:
+    # Moved only where it is not there already: `stabexp plan` builds under FakeTensorMode,
+    # whose tensors Module.to cannot swap in place.
+    if any(t.device != device for t in [*module.parameters(), *module.buffers()]):
+        module.to(device)
+    return module
 
 
 def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
@@ -292,14 +315,16 @@ def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
         # torch 2.13 renamed the switch (broadcast_buffers warns there); older torch has only the old name.
         no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
                    else "broadcast_buffers")
+        # Gradients as views into DDP's buckets: no second copy of them (the same numbers), and
+        # a rank's memory is the one-process model's on its share (what `stabexp plan` counts).
         return DistributedDataParallel(model, device_ids=[local_rank()] if device.type == "cuda" else None,
-                                       **{no_sync: False})
+                                       gradient_as_bucket_view=True, **{no_sync: False})
     if parallel == "fsdp" and not is_sharded(model):
         check_shardable(model)
         for stack in (getattr(model, "encoder", ()), getattr(model, "decoder", ())):
             for layer in stack:
-                _shard(layer, False)
-        _shard(model, False)
+                _shard(layer, False, device)
+        _shard(model, False, device)
     return model
 
 

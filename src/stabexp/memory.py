@@ -35,10 +35,13 @@ def peak_rss_kib() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def reset(device: torch.device) -> None:
+def reset(device: torch.device) -> float:
+    """Start a new peak; return what the process holds now (MiB; on a GPU, the allocator's)."""
+    rss_kib = reset_peak_rss_kib()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    reset_peak_rss_kib()
+        return torch.cuda.memory_allocated(device) / 2 ** 20
+    return rss_kib / 1024
 
 
 def peak_mib(device: torch.device) -> float:

@@ -9,7 +9,7 @@ and what is allowed (exit code 2), never a traceback, and nothing is written.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, NamedTuple, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from stabexp import distributed, tracking
 from stabexp.config import ConfigError, conf_dir, unknown_key_message, validate, validate_world
@@ -114,7 +114,8 @@ def _explain(override, line: str, err: Exception, config_dirs: List[Path] = ()) 
 
 
 def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = True,
-                    config_dirs: List[Path] = (), launcher: List[str] = ()) -> Tuple[bool, Path]:
+                    config_dirs: List[Path] = (), launcher: List[str] = (),
+                    world: Optional[Tuple[int, bool]] = None) -> Tuple[bool, Path]:
     """Compose and validate the config for each value every override takes, the sweep a preset
     declares (hydra.sweeper.params) included, and (prepare_data) fetch and check the data each
     distinct task needs; raise ConfigError. Return (multirun, the run folder Hydra would make for
@@ -185,8 +186,8 @@ a single run), multirun True when the run is a multirun (-m, or a
             for i, c in enumerate(candidates):
                 for v in c[1:]:
                     to_check.append([*to_check[0][:i], v, *to_check[0][i + 1:]])
-            world, grouped = _world(compose_one([], [*first, *launcher], return_hydra_config=True).hydra
-                                    if launcher else hydra_cfg)
+            world, grouped = world or _world(compose_one([], [*first, *launcher], return_hydra_config=True).hydra
+                                             if launcher else hydra_cfg)
             tasks = {}
             for combo in to_check:
                 cfg = compose_one(parsed, combo)
@@ -266,7 +267,7 @@ class Checked(NamedTuple):
     run_dir: Path                 # where a single run writes (a sweep: stabexp.cli names the folder)
 
 
-def preflight(args: List[str], prepare_data: bool = True) -> Checked:
+def preflight(args: List[str], prepare_data: bool = True, world: Optional[Tuple[int, bool]] = None) -> Checked:
     """Check a `stabexp run` command line (the arguments after `run`); raise ConfigError with
     the one line to print. Printing the config (--cfg) or the help needs no data; the help
     composes the config with the overrides too, so a bad one is the same one line as without it."""
@@ -278,7 +279,7 @@ def preflight(args: List[str], prepare_data: bool = True) -> Checked:
     config_dirs = user_config_dirs(args)
     launcher = [h for h in hydra_overrides if h.lstrip("+").startswith(("hydra/launcher", "hydra.launcher"))]
     multirun, run_dir = check_overrides(ours, multirun, prepare_data=prepare_data and not (prints_config or wants_help),
-                                        config_dirs=config_dirs, launcher=launcher)
+                                        config_dirs=config_dirs, launcher=launcher, world=world)
     return Checked(ours, hydra_overrides, multirun, wants_help, config_dirs, run_dir)
 
 

@@ -17,6 +17,8 @@ class SeededStreams(Task):
     defines `_make(n, generator) -> Batch`. The `n` arguments override the configured sizes
     (tests use them)."""
 
+    same_eval_on_every_rank = True  # the one eval batch, scored whole on every rank
+
     def __init__(self, seed: int, batch_size: int = 64, eval_batch_size: int = 256,
                  probe_batch_size: int = 32, label_smoothing: float = 0.0):
         self._train = torch.Generator().manual_seed(seed * 4 + 0)

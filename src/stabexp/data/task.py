@@ -33,6 +33,9 @@ class Task:
     # The model.arch values the task trains: what a Task subclass given as a plug-in declares
     # (stabexp.plugins; the built-ins' factories in data/__init__.py declare theirs with `trains`).
     archs: Tuple[str, ...] = ()
+    # Whether `evaluate` runs the same forwards on every one of K processes (a fixed held-out
+    # batch): then FSDP2 gathers the model layer by layer for it, else whole (ranks score shares).
+    same_eval_on_every_rank: bool = False
 
     @property
     def chance_loss(self) -> float:

@@ -16,7 +16,11 @@ from typing import Callable, Dict, List
 import torch.nn as nn
 
 from stabexp.probes import hooked
-from stabexp.probes.base import STABEXP_MODEL, TASK, Probe, Rows, refuse_unless
+from stabexp.errors import ConfigError
+from stabexp.probes.base import GATHER, STABEXP_MODEL, TASK, Probe, ProbeContext, Rows, refuse_unless
+
+# The built-in tasks whose ranks score eval batches of their own (Task.same_eval_on_every_rank).
+SHARED_EVAL = ("translation", "lm")
 
 
 def _pass_input_on(module, inputs, output):
@@ -43,12 +47,27 @@ class LayerImportance(Probe):
 
     name = flag = "layer_importance"
     needs = (TASK, STABEXP_MODEL)
+    # Under FSDP2 every rank runs the same eval passes, each layer gathered by FSDP as it runs:
+    # every rank has the numbers, rank 0 writes them (a task whose ranks score shares of their
+    # own would need the whole model gathered once per layer skipped: refused).
+    combine = GATHER
     files = {"layer_importance.csv": ("step", "stack", "layer", "eval_loss", "full_eval_loss", "loss_increase")}
 
     @classmethod
     def check(cls, cfg) -> None:
         super().check(cfg)
         refuse_unless(cls, cfg, cfg.model.arch != "normmlp", "skips Transformer layers, and model=normmlp has none")
+        refuse_unless(cls, cfg, cfg.train.parallel != "fsdp" or cfg.task.kind not in SHARED_EVAL,
+                      f"must be false with train.parallel=fsdp on task.kind={cfg.task.kind}, whose ranks score "
+                      "eval batches of their own (the synthetic tasks score one batch on every rank): "
+                      "use train.parallel=ddp")
+
+    def __init__(self, ctx: ProbeContext):
+        super().__init__(ctx)
+        if ctx.sharded and not getattr(ctx.task, "same_eval_on_every_rank", False):  # a plug-in task
+            raise ConfigError(f"probe.layer_importance=True is not allowed: must be false with train.parallel=fsdp "
+                              f"on {type(ctx.task).__name__}, whose ranks score eval batches of their own: "
+                              "use train.parallel=ddp")
 
     def at_init(self) -> Rows:
         return self._rows(0)

@@ -57,7 +57,7 @@ def model_for(cfg: DictConfig, task: Task, device: torch.device) -> torch.nn.Mod
         model = distributed.build_sharded(build, lambda m: isinstance(m, (EncoderLayer, DecoderLayer)), device,
                                           bf16=cfg.train.precision == "bf16")
     else:
-        model = build().to(device)
+        model = distributed.on_device(build(), device)
     model.checkpoint_layers = cfg.train.activation_checkpointing
     return model
 

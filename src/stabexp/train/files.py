@@ -31,6 +31,7 @@ MODEL = "model.pt"  # the final weights, with train.save_model
 # What two runs of one config may write differently: the wall-clock columns and summary fields,
 # the process's peak memory, and the folder itself (a resumed run, or the same run elsewhere).
 WALL_CLOCK = ("elapsed_s", "wall_seconds", "steps_per_second", "finish_seconds", "peak_memory_mib",
+              "memory_before_model_mib", "memory_before_model_mib_ranks",
               "peak_memory_mib_ranks", "resumed_from", "out_dir")
 LOCK = "run.lock"
 NON_FINITE = "non_finite"  # in a JSON file: the path of each number written as null -> "nan", "inf", "-inf"

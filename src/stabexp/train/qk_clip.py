@@ -7,16 +7,20 @@ same input would give logits of at most tau. The optimiser's state is left as it
 The logits are read the way the probes read them: a forward hook on each attention's `scores`
 inside `explicit_attention()` (model/transformer.py), here around the training forward, so a
 run with QK-Clip computes attention by hand rather than with the fused kernel.
+
+The rescaling is a factor per row of the parameters W_q and W_k are rows of (the fused QKV
+projection, say): under FSDP2, whose shards are rows, each rank scales the rows it holds.
 """
 
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import List
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn as nn
 
+from stabexp.distributed import local
 from stabexp.model.transformer import explicit_attention
 from stabexp.probes import hooked
 
@@ -25,6 +29,7 @@ class QKClip:
     def __init__(self, model: nn.Module, tau: float):
         self.tau = tau
         self.attentions: List[nn.Module] = [a for a in model.attentions() if a is not None]
+        self.rows = [query_key_rows(a) for a in self.attentions]
         self.max_logits: List[torch.Tensor] = []
 
     def _hook(self, i: int):
@@ -47,12 +52,53 @@ class QKClip:
     @torch.no_grad()
     def clip(self) -> None:
         """After the optimiser step: W_q^h, W_k^h times sqrt(min(1, tau / S_max^h))."""
-        for attention, s_max in zip(self.attentions, self.max_logits):
+        for attention, rows, s_max in zip(self.attentions, self.rows, self.max_logits):
             gamma = (self.tau / s_max.clamp(min=torch.finfo(s_max.dtype).tiny)).clamp(max=1.0)
             d_head = attention.out.weight.shape[0] // attention.n_heads
             scale = gamma.sqrt().repeat_interleave(d_head)  # one factor per row of W_q, W_k
-            matrices, biases = attention.matrices(), attention.biases()
-            for key in ("q", "k"):
-                matrices[key].mul_(scale[:, None])
-                if key in biases:
-                    biases[key].mul_(scale)
+            for param, (q_rows, k_rows) in rows:
+                factor = torch.ones(param.shape[0], device=scale.device, dtype=scale.dtype)
+                factor[q_rows], factor[k_rows] = scale, scale  # x 1 elsewhere: exact
+                local(param).mul_(_mine(factor, param).view(-1, *[1] * (param.dim() - 1)))
+
+
+def _mine(factor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The entries of a per-row `factor` for the rows of `param` this rank holds (all of them
+    unless param is an FSDP2 shard, a DTensor split by rows)."""
+    if not hasattr(param, "device_mesh"):
+        return factor
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(factor, param.device_mesh, param.placements, src_data_rank=None).to_local()
+
+
+class _Parts(nn.Module):
+    """An attention's `matrices()` and `biases()` as a forward, for torch.func.functional_call."""
+
+    def __init__(self, attention: nn.Module):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self):
+        return self.attention.matrices(), self.attention.biases()
+
+
+def query_key_rows(attention: nn.Module) -> List[Tuple[nn.Parameter, Tuple[torch.Tensor, torch.Tensor]]]:
+    """(parameter, (its rows that are W_q's or b_q's, its rows that are W_k's or b_k's)) for
+    every parameter holding some: read through the attention's own matrices() and biases() from
+    stand-ins whose entries number the parameter and the row."""
+    params = [(name, p) for name, p in attention.named_parameters()]
+    stride = max(p.shape[0] for _, p in params)
+    numbered = {name: (torch.arange(p.shape[0]) + j * stride).view(-1, *[1] * (p.dim() - 1)).expand(p.shape)
+                for j, (name, p) in enumerate(params)}
+    matrices, biases = torch.func.functional_call(_Parts(attention), {f"attention.{n}": t for n, t in numbered.items()}, ())
+    rows: Dict[int, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
+    for part in (matrices, biases):
+        for which, key in enumerate(("q", "k")):
+            if key in part:
+                ids = part[key].flatten(1)[:, 0] if part[key].dim() > 1 else part[key]
+                for j in ids.div(stride, rounding_mode="floor").unique().tolist():
+                    rows.setdefault(j, ([], []))[which].append(ids[ids // stride == j] % stride)
+    device = params[0][1].device
+    return [(params[j][1], tuple(torch.cat(r).to(device) if r else torch.zeros(0, dtype=torch.long, device=device)
+                                 for r in (q, k))) for j, (q, k) in sorted(rows.items())]

@@ -172,7 +172,9 @@ class Run:
         task's eval columns, which also update the run's best and final eval results."""
         row = {"step": step, "lr": lr, "loss": loss}
         if self.cadence.is_eval_step(step):
-            with distributed.full_weights(self.model):  # ranks evaluate shares of their own
+            # FSDP2: the model whole where ranks score shares of their own (their forwards differ).
+            with (distributed.layer_by_layer(self.model) if self.task.same_eval_on_every_rank
+                  else distributed.full_weights(self.model)):
                 row.update(self.task.evaluate(self.model, step))
             eval_results(self.result, row)
             self.task.summarise_eval(row, self.result)
@@ -208,7 +210,8 @@ class Run:
     def write_final(self) -> None:
         """What a completed run keeps of its last weights: the probes' rows at the end (the
         residual dependency, the layer importance) and, with train.save_model, the weights."""
-        self.recorder.write_files(self.probes.at_end(self.steps_done))
+        with distributed.layer_by_layer(self.model):
+            self.recorder.write_files(self.probes.at_end(self.steps_done))
         if self.cfg.train.save_model:
             checkpoint.save_final_weights(self.out_dir, self.model, self.task)
 

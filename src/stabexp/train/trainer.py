@@ -135,7 +135,9 @@ def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task:
               state: Optional[Dict] = None, trackers: Optional[Trackers] = None) -> Dict:
     """A Run through its steps (`steps`, the loop), then what the probes and the task measure
     at the end of a completed run."""
-    memory.reset(device_of(cfg.train.device))  # the peak of this run, not of earlier jobs of a sweep
+    # The peak of this run, not of earlier jobs of a sweep; and what the process held before
+    # the model was built (a run's own memory is the peak less that).
+    before = distributed.gather(memory.reset(device_of(cfg.train.device)))
     run = Run(cfg, out_dir, summary, start, task, state=state, trackers=trackers)
     try:
         steps(run, cfg, out_dir, summary)
@@ -143,8 +145,10 @@ def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task:
         peaks = distributed.gather(memory.peak_mib(run.device))  # every rank's, on K processes
         run.result.update(steps_done=run.steps_done, wall_seconds=wall,
                           steps_per_second=run.steps_done / wall if wall > 0 else None,
-                          peak_memory_mib=peaks[0], target_tokens=task.target_tokens,
-                          **({"peak_memory_mib_ranks": peaks} if len(peaks) > 1 else {}))
+                          peak_memory_mib=peaks[0], memory_before_model_mib=before[0],
+                          target_tokens=task.target_tokens,
+                          **({"peak_memory_mib_ranks": peaks, "memory_before_model_mib_ranks": before}
+                             if len(peaks) > 1 else {}))
         for key in ("checkpoint_step", "interrupted_by"):
             summary.pop(key, None)
         if run.result["status"] == "completed" and run.steps_done > 0:
