@@ -79,7 +79,7 @@ def _args(command: str, cwd: Path):
 
 def test_the_docs_show_commands():
     assert len(COMMANDS) >= 20
-    assert {c.split()[1] for _, c, _ in COMMANDS} >= {"run", "list", "report", "status", "bench"}
+    assert {c.split()[1] for _, c, _ in COMMANDS} >= {"run", "list", "report", "status", "bench", "plan"}
 
 
 @pytest.mark.parametrize("page, command, error", [c for c in COMMANDS if c[1].split()[1] == "run"],
@@ -101,6 +101,11 @@ def test_documented_list_report_status_and_bench_lines_parse(user_conf, capsys):
             assert cli.cmd_list(args[1:]) == 0, (page, command)
         elif args[0] == "bench":
             bench.parse_args(args[1:])
+        elif args[0] == "plan":  # its flags, and its overrides pass run's checks on its K ranks
+            from stabexp.plan import _options
+
+            opts = _options(args[1:])
+            preflight(opts["overrides"], prepare_data=False, world=(opts["world"], True))
         elif args[0] in ("report", "status"):
             # A sweep folder of a preset, or none (the newest): at most one argument.
             assert len(args) <= 2 and not any(a.startswith("-") for a in args[1:]), (page, command)

@@ -56,9 +56,9 @@ class QKClip:
             gamma = (self.tau / s_max.clamp(min=torch.finfo(s_max.dtype).tiny)).clamp(max=1.0)
             d_head = attention.out.weight.shape[0] // attention.n_heads
             scale = gamma.sqrt().repeat_interleave(d_head)  # one factor per row of W_q, W_k
-            for param, (q_rows, k_rows) in rows:
+            for param, param_rows, positions in rows:
                 factor = torch.ones(param.shape[0], device=scale.device, dtype=scale.dtype)
-                factor[q_rows], factor[k_rows] = scale, scale  # x 1 elsewhere: exact
+                factor[param_rows] = scale[positions]  # x 1 elsewhere (W_v's rows): exact
                 local(param).mul_(_mine(factor, param).view(-1, *[1] * (param.dim() - 1)))
 
 
@@ -83,22 +83,24 @@ class _Parts(nn.Module):
         return self.attention.matrices(), self.attention.biases()
 
 
-def query_key_rows(attention: nn.Module) -> List[Tuple[nn.Parameter, Tuple[torch.Tensor, torch.Tensor]]]:
-    """(parameter, (its rows that are W_q's or b_q's, its rows that are W_k's or b_k's)) for
-    every parameter holding some: read through the attention's own matrices() and biases() from
-    stand-ins whose entries number the parameter and the row."""
-    params = [(name, p) for name, p in attention.named_parameters()]
-    stride = max(p.shape[0] for _, p in params)
-    numbered = {name: (torch.arange(p.shape[0]) + j * stride).view(-1, *[1] * (p.dim() - 1)).expand(p.shape)
-                for j, (name, p) in enumerate(params)}
-    matrices, biases = torch.func.functional_call(_Parts(attention), {f"attention.{n}": t for n, t in numbered.items()}, ())
+def query_key_rows(attention: nn.Module) -> List[Tuple[nn.Parameter, torch.Tensor, torch.Tensor]]:
+    """(parameter, its rows that are rows of W_q, W_k or their biases, the position of each in
+    W_q or W_k) for every parameter holding some: read through the attention's own matrices()
+    and biases() from stand-ins whose entries number the parameter and the row."""
+    params = [p for _, p in attention.named_parameters()]
+    stride = max(p.shape[0] for p in params)
+    numbered = {f"attention.{name}": (torch.arange(p.shape[0]) + j * stride).view(-1, *[1] * (p.dim() - 1)).expand(p.shape)
+                for j, (name, p) in enumerate(attention.named_parameters())}
+    matrices, biases = torch.func.functional_call(_Parts(attention), numbered, ())
     rows: Dict[int, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
     for part in (matrices, biases):
-        for which, key in enumerate(("q", "k")):
+        for key in ("q", "k"):
             if key in part:
                 ids = part[key].flatten(1)[:, 0] if part[key].dim() > 1 else part[key]
                 for j in ids.div(stride, rounding_mode="floor").unique().tolist():
-                    rows.setdefault(j, ([], []))[which].append(ids[ids // stride == j] % stride)
-    device = params[0][1].device
-    return [(params[j][1], tuple(torch.cat(r).to(device) if r else torch.zeros(0, dtype=torch.long, device=device)
-                                 for r in (q, k))) for j, (q, k) in sorted(rows.items())]
+                    mine = ids // stride == j
+                    rows.setdefault(j, ([], []))
+                    rows[j][0].append(ids[mine] % stride)
+                    rows[j][1].append(torch.arange(len(ids))[mine])
+    device = params[0].device
+    return [(params[j], torch.cat(r).to(device), torch.cat(pos).to(device)) for j, (r, pos) in sorted(rows.items())]
