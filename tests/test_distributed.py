@@ -56,14 +56,10 @@ def test_the_world_is_checked_with_one_line():
         validate_world(compose_cfg(), 2, grouped=True)
     with pytest.raises(ConfigError, match=r"train.batch_size=7 is not allowed: must be a multiple of the 2"):
         validate_world(compose_cfg("train.parallel=ddp", "train.batch_size=7"), 2, grouped=True)
+    from stabexp.config import validate
+
     with pytest.raises(ConfigError, match="train.parallel=pipeline is not allowed: one of none, ddp, fsdp"):
-        from stabexp.config import validate
-
         validate(compose_cfg("train.parallel=pipeline"))
-    with pytest.raises(ConfigError, match="probe.dependency=True is not allowed: must be false with train.parallel=fsdp"):
-        from stabexp.config import validate
-
-        validate(compose_cfg("train.parallel=fsdp", "probe.dependency=true"))
     with pytest.raises(ConfigError, match="probe.layer_importance=True is not allowed: must be false with "
                                           "train.parallel=fsdp on task.kind=translation"):
         validate(compose_cfg("train.parallel=fsdp", "probe.layer_importance=true", "task=multi30k"))
@@ -205,21 +201,23 @@ MATRIX_PROBES = ["group=deepnorm", "probe.weights=true", "probe.update_bound=tru
 
 
 @SLOW
-def test_the_weight_probes_and_qk_clip_on_shards_are_the_one_process_numbers(tmp_path):
+def test_every_probe_and_qk_clip_on_shards_give_the_one_process_numbers(tmp_path):
     """probe.weights (norms, angular updates, row angles, gradient norms of every matrix),
-    probe.update_bound (spectral and Frobenius terms of DeepNet's bound) and QK-Clip (rows of
-    the fused QKV projection rescaled on the rank that holds them) under FSDP on 2 ranks
-    against one process: fp32 rounding apart."""
+    probe.update_bound (spectral and Frobenius terms of DeepNet's bound), probe.at_init (the
+    output change of a perturbation drawn whole and applied to each rank's rows; the gradient at
+    init from shards), probe.dependency, probe.layer_importance and QK-Clip (rows of the fused
+    QKV projection rescaled on the rank that holds them) under FSDP on 2 ranks against one
+    process: fp32 rounding apart."""
     # Below the logits of the first steps: every head is clipped. And the layer importance, whose
     # eval passes run layer by layer on every rank.
-    extra = ["train.qk_clip_tau=0.05", "probe.layer_importance=true"]
+    extra = ["train.qk_clip_tau=0.05", "probe.layer_importance=true", "probe.at_init=true", "probe.dependency=true"]
     cfg = compose_cfg(*PARITY, *MATRIX_PROBES, *extra)
     prepare(cfg)
     train(cfg, tmp_path / "one")
     run_ranks(compose_cfg(*PARITY, *MATRIX_PROBES, *extra, "train.parallel=fsdp"), tmp_path / "fsdp")
     assert pd.read_csv(tmp_path / "one" / "layers.csv")["max_attn_logit"].max() > 0.05
     assert_close_files(tmp_path / "one", tmp_path / "fsdp", "fsdp weights, update bound")
-    for name in ("update_bound.csv", "layer_importance.csv"):
+    for name in ("update_bound.csv", "layer_importance.csv", "dependency.csv"):
         x, y = (pd.read_csv(tmp_path / d / name) for d in ("one", "fsdp"))
         pd.testing.assert_frame_equal(x, y, obj=name, **CLOSE)
     assert pd.read_csv(tmp_path / "fsdp" / "layers.csv")["angular_update"].notna().sum() > 0

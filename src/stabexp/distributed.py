@@ -479,6 +479,23 @@ def layer_by_layer(model: nn.Module):
         model.reshard()
 
 
+def regather_root(model: nn.Module) -> None:
+    """Inside `layer_by_layer`, after a backward pass (which reshards FSDP's root at its end):
+    the root's parameters gathered again for the passes that follow. Elsewhere a no-op."""
+    if is_sharded(model):
+        model.unshard()
+
+
+def local_part(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `whole`, split as the DTensor `like` is (FSDP2: by rows); all of it
+    when `like` is a plain tensor. Every rank holds `whole` alike: nothing is sent."""
+    if not hasattr(like, "device_mesh"):
+        return whole
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None).to_local()
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's shard on this rank (a plain tensor unchanged)."""
     return t.to_local() if hasattr(t, "to_local") else t

@@ -17,12 +17,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from stabexp.distributed import local, local_part, regather_root
 from stabexp.model.transformer import Seq2SeqTransformer
 from stabexp.probes.statistics import token_mean
 from stabexp.errors import need
 from stabexp.modes import eval_mode
 from stabexp.probes import LayerProbe, hooked
-from stabexp.probes.base import PROBE_BATCH, STABEXP_MODEL, SUBLAYERS, TASK, Probe, Rows, refuse_unless
+from stabexp.probes.base import PROBE_BATCH, STABEXP_MODEL, SUBLAYERS, SUM_OF_SQUARES, TASK, Probe, Rows, refuse_unless
 
 PERTURBATION = 1e-4  # Admin / Clinic: delta = 1e-4 * sign(N(0, 1))
 
@@ -57,17 +58,20 @@ def output_change(model: Seq2SeqTransformer, src: torch.Tensor, tgt_in: torch.Te
         x = args[0]
         inputs.append(x / x.std(dim=-1, keepdim=True))
 
+    # Under FSDP2 each rank perturbs its rows of each delta, drawn whole (the same on every rank).
     params = perturbed_parameters(model)
-    originals = [p.detach().clone() for p in params]
+    mine = [local(p.detach()) for p in params]
+    originals = [p.clone() for p in mine]
     try:
         with eval_mode(model), hooked((res, "pre", keep) for *_, res in model.residuals()):
             clean = model.features(src, tgt_in)
             clean_inputs, inputs[:] = list(inputs), []
-            deltas = [scale * torch.randn(p.shape, generator=generator).sign().to(p) for p in params]
-            torch._foreach_add_(params, deltas)
+            deltas = [local_part(scale * torch.randn(p.shape, generator=generator).sign(), p).to(m)
+                      for p, m in zip(params, mine)]
+            torch._foreach_add_(mine, deltas)
             noisy = model.features(src, tgt_in)
     finally:
-        torch._foreach_copy_(params, originals)
+        torch._foreach_copy_(mine, originals)
     per_sublayer = torch.stack([_per_token_sq_change(a, b, masks[stack])
                                 for a, b, stack in zip(inputs, clean_inputs, stacks)])
     values = torch.cat([_per_token_sq_change(noisy, clean, model.feature_mask(src, tgt_in))[None],
@@ -75,13 +79,15 @@ def output_change(model: Seq2SeqTransformer, src: torch.Tensor, tgt_in: torch.Te
     return {"output_change": values[0], "input_change": values[1:]}
 
 
-def grad_at_init(model: Seq2SeqTransformer, batch, loss: Optional[Callable] = None) -> Dict:
+def grad_at_init(model: Seq2SeqTransformer, batch, loss: Optional[Callable] = None,
+                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> Dict:
     """One forward/backward pass on `batch` without an optimiser step: total gradient norm,
     per-sublayer gradient norms and, for FFN sublayers, the norm of W_2's gradient (None
     elsewhere). `loss(logits, tgt_out)` is the task's training loss (default: cross-entropy).
     Gradients are cleared afterwards. `output_grad_norm`: per sublayer, the Frobenius norm over
     the batch of the loss's gradient with respect to the sublayer's output (what it passes up
-    the stream: after the LN in Post-LN), as Clinic's `--plot_gradient` prints it."""
+    the stream: after the LN in Post-LN), as Clinic's `--plot_gradient` prints it. Under FSDP2
+    (`reduce`: the sum over ranks) the gradient norms come from the local shards."""
     src, tgt_in, tgt_out = batch
     loss = loss or (lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten()))
     residuals = list(model.residuals())
@@ -98,13 +104,16 @@ def grad_at_init(model: Seq2SeqTransformer, batch, loss: Optional[Callable] = No
     model.zero_grad(set_to_none=True)
     with hooked((res, "post", watch(i)) for i, (*_, res) in enumerate(residuals)):
         loss(model(src, tgt_in), tgt_out).backward()
-    total, per_sublayer = LayerProbe(model).grad_norms()
+    total, per_sublayer = LayerProbe(model, reduce=reduce).grad_norms()
     ffn = [i for i, (_, _, name, _) in enumerate(residuals) if name == "ffn"]
-    w2 = torch.stack(torch._foreach_norm([residuals[i][3].branch.fc2.weight.grad for i in ffn]))
+    w2 = torch.stack(torch._foreach_norm([local(residuals[i][3].branch.fc2.weight.grad) for i in ffn]))
+    if reduce is not None:
+        w2 = reduce(w2 ** 2).sqrt()
     # A sublayer whose output the loss never reaches has a zero gradient, not a missing one.
     outputs = torch.stack([g if g is not None else total.new_zeros(()) for g in output_grads])
     values = torch.cat([total[None], per_sublayer, w2, outputs]).tolist()  # one host sync
     model.zero_grad(set_to_none=True)
+    regather_root(model)
     w2_by_index = dict(zip(ffn, values[1 + n:1 + n + len(ffn)]))
     return {"grad_norm": values[0], "sublayer_grad_norm": values[1:1 + n],
             "w2_grad_norm": [w2_by_index.get(i) for i in range(n)],
@@ -131,6 +140,9 @@ class AtInit(Probe):
 
     name = flag = "at_init"
     needs = (SUBLAYERS, PROBE_BATCH, TASK, STABEXP_MODEL)
+    # Under FSDP2 its passes run layer by layer on every rank; the gradient norms are sums of
+    # squares over the local shards, the perturbation each rank's rows of the whole delta.
+    combine = SUM_OF_SQUARES
     metrics_columns = ("grad_norm", "output_change")
     layers_columns = ("grad_norm", "input_change", "w2_grad_norm", "output_grad_norm")
 
@@ -161,6 +173,7 @@ class AtInit(Probe):
             n = len(change["input_change"])
             return {**change, "grad_norm": None, "sublayer_grad_norm": [None] * n, "w2_grad_norm": [None] * n,
                     "output_grad_norm": [None] * n}
-        grads = mean_of([grad_at_init(ctx.model, ctx.task.init_batch(), ctx.task.loss)
+        reduce = ctx.reduce_sum if ctx.sharded else None
+        grads = mean_of([grad_at_init(ctx.model, ctx.task.init_batch(), ctx.task.loss, reduce)
                          for _ in range(p.grad_batches)])
         return {**change, **grads}

@@ -36,7 +36,7 @@ from stabexp.model.transformer import Admin, DeepNorm, Residual
 from stabexp.modes import eval_mode
 from stabexp.probes import hooked
 from stabexp.config import model_norm, placements as stack_placements
-from stabexp.probes.base import PROBE_BATCH, STABEXP_MODEL, SUBLAYERS, Probe, Rows, refuse_unless
+from stabexp.probes.base import GATHER, PROBE_BATCH, STABEXP_MODEL, SUBLAYERS, Probe, Rows, refuse_unless
 
 BIAS = -1  # the component of the norms' biases
 
@@ -113,7 +113,8 @@ def decompose(model, src: torch.Tensor, tgt_in: torch.Tensor) -> List[Dict]:
                 parts = dict(zip(keys, carried))
                 bias = getattr(ln, "bias", None)
                 if bias is not None:  # earlier biases were carried with the rest; this one adds
-                    parts[BIAS] = parts[BIAS] + bias if BIAS in parts else bias.float().expand_as(y)
+                    # A copy: under FSDP2 the layer's gathered bias is freed after its forward.
+                    parts[BIAS] = parts[BIAS] + bias if BIAS in parts else bias.float().clone().expand_as(y)
             else:
                 parts = {**parts, i: y.float() - x}
             s["parts"] = parts
@@ -164,6 +165,9 @@ class Dependency(Probe):
 
     name = flag = "dependency"
     needs = (SUBLAYERS, PROBE_BATCH, STABEXP_MODEL)
+    # Read from activations inside each layer's forward (its hooks see the gathered layer under
+    # FSDP2): every rank computes the same rows, rank 0 writes them.
+    combine = GATHER
     files = {"dependency.csv": ("step", "stack", "sublayer", "component", "beta")}
 
     @classmethod

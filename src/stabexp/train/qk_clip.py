@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 import torch
 import torch.nn as nn
 
-from stabexp.distributed import local
+from stabexp.distributed import local, local_part
 from stabexp.model.transformer import explicit_attention
 from stabexp.probes import hooked
 
@@ -59,17 +59,7 @@ class QKClip:
             for param, param_rows, positions in rows:
                 factor = torch.ones(param.shape[0], device=scale.device, dtype=scale.dtype)
                 factor[param_rows] = scale[positions]  # x 1 elsewhere (W_v's rows): exact
-                local(param).mul_(_mine(factor, param).view(-1, *[1] * (param.dim() - 1)))
-
-
-def _mine(factor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """The entries of a per-row `factor` for the rows of `param` this rank holds (all of them
-    unless param is an FSDP2 shard, a DTensor split by rows)."""
-    if not hasattr(param, "device_mesh"):
-        return factor
-    from torch.distributed.tensor import distribute_tensor
-
-    return distribute_tensor(factor, param.device_mesh, param.placements, src_data_rank=None).to_local()
+                local(param).mul_(local_part(factor, param).view(-1, *[1] * (param.dim() - 1)))
 
 
 class _Parts(nn.Module):
