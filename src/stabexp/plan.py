@@ -42,8 +42,8 @@ from stabexp.train.losses import training_loss
 # Above this many layers per stack the plan traces TRACE_DEPTHS and extrapolates.
 TRACE_DEPTH = 24
 TRACE_DEPTHS = (8, 16, 24)
-# Peak dense tensor-core throughput (TFLOP/s) from the vendors' data sheets: bf16, and fp32
-# (TF32 on A100 / H100 / H200, which torch uses for fp32 matmuls only when allowed).
+# Peak dense throughput (TFLOP/s) from NVIDIA's data sheets (H100 and H200: SXM): bf16 on the
+# tensor cores, and fp32 on the CUDA cores (torch's fp32 matmuls while TF32 is not allowed).
 GPUS = {"a100": {"bf16": 312.0, "fp32": 19.5}, "h100": {"bf16": 989.0, "fp32": 67.0},
         "h200": {"bf16": 989.0, "fp32": 67.0}}
 # The rows of the table, from torch's tracker kinds (FSDPMemTracker's, then MemTracker's names).
@@ -69,6 +69,7 @@ def trace(cfg: DictConfig, world: int, fake: bool = True) -> Dict[str, float]:
     from stabexp import distributed
     from stabexp.data import make_task
     from stabexp.probes import reference_features
+    from stabexp.probes.base import REFERENCE
     from stabexp.train.build import model_for, probes_for
     from stabexp.train.optim import build_optimizer, clip_gradients
 
@@ -86,9 +87,9 @@ def trace(cfg: DictConfig, world: int, fake: bool = True) -> Dict[str, float]:
             distributed.device_mesh(device)  # a mesh cannot be made under FakeTensorMode
         flops = FlopCounterMode(display=False)
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
-            model = model_for(cfg, task, device)
-            # DDP's reducer cannot run on fake tensors: the unwrapped model on the rank's share.
-            train_model = distributed.wrap(model, "fsdp", device) if sharded else model
+            # FSDP2's model is its own training module (sharded as it is built); DDP's reducer
+            # cannot run on fake tensors, so a DDP rank is the model on its share of the batch.
+            model = train_model = model_for(cfg, task, device)
             opt = build_optimizer(cfg, model, device)
             for group in opt.param_groups:  # see `per_tensor`
                 per_tensor(group)
@@ -106,7 +107,7 @@ def trace(cfg: DictConfig, world: int, fake: bool = True) -> Dict[str, float]:
                     opt.step()
                     _next_pass(tracker)
                 with distributed.layer_by_layer(model):
-                    if any(probe.needs for probe in probes):
+                    if any(REFERENCE in probe.needs for probe in probes):
                         probes.ctx.features_init = reference_features(probes.ctx.adapter, probes.ctx.probe_batch)
                     _next_pass(tracker)
                     for probe in probes:
@@ -229,10 +230,11 @@ GIB = 2 ** 30
 
 def table(cfg: DictConfig, world: int, result: Dict, gpu_memory: Optional[float], gpu: str, mfu: float) -> str:
     t = cfg.train
+    batch = (f"batch {t.batch_size}" if t.batch_size else
+             f"batches of up to {t.max_tokens} tokens (the run's first two traced: their lengths vary)")
     lines = [f"stabexp plan: {cfg.group.name}, depth {result['depth']}, d = {cfg.model.d_model}, "
              f"{world} rank(s), parallel={t.parallel}, precision={t.precision}, "
-             f"activation checkpointing {'on' if t.activation_checkpointing else 'off'}, "
-             f"batch {t.batch_size}",
+             f"activation checkpointing {'on' if t.activation_checkpointing else 'off'}, {batch}",
              f"parameters: {result['parameter_count'] / 1e6:,.1f} M; FLOPs of a training step on one rank: "
              f"{result['flops']:.3e}"]
     if result["extrapolated"]:
