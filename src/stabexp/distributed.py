@@ -18,8 +18,9 @@ What stays the same as in one process, and how:
   values every rank has (`broadcast`, an all-reduced loss), so no rank waits in a collective
   the others skip.
 
-This module is the only one that uses torch.distributed's process groups and collectives
-(train/checkpoint.py uses torch.distributed.checkpoint).
+This module is the only one that forms process groups and calls collectives on tensors
+(train/checkpoint.py uses torch.distributed.checkpoint; plan.py forms a group of the "fake"
+backend, whose collectives do nothing; a probe gathers a DTensor through its own methods).
 """
 
 from __future__ import annotations
