@@ -487,6 +487,14 @@ def regather_root(model: nn.Module) -> None:
         model.unshard()
 
 
+def sharded_like(shard: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`shard`, this rank's part of a tensor split as the DTensor `like` is, as a DTensor (its
+    storage shared): `.full_tensor()` gathers the whole, DCP saves each rank's part."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(shard, like.device_mesh, like.placements, shape=like.shape, stride=like.stride())
+
+
 def local_part(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """This rank's part of `whole`, split as the DTensor `like` is (FSDP2: by rows); all of it
     when `like` is a plain tensor. Every rank holds `whole` alike: nothing is sent."""

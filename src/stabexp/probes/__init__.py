@@ -21,7 +21,7 @@ runs the model without any.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -56,6 +56,24 @@ def model_update(features: torch.Tensor, features_init: torch.Tensor,
     value does not depend on the probe batch size (DeepNet does not state its normalisation).
     With `tokens` (B, T), the mean runs over the real (unpadded) target tokens only."""
     return per_token_norm(features - features_init, tokens)
+
+
+class _Method(nn.Module):
+    """A module's method as a forward, for torch.func.functional_call (`read_with`)."""
+
+    def __init__(self, module: nn.Module, method: str):
+        super().__init__()
+        self.module, self.method = module, method
+
+    def forward(self):
+        return getattr(self.module, self.method)()
+
+
+def read_with(module: nn.Module, method: str, parameters: Dict[str, torch.Tensor]):
+    """module.<method>() (say a branch's `matrices()`) computed from `parameters` (name -> tensor)
+    in place of the module's own: whole ones gathered from FSDP2 shards, or stand-ins that
+    number rows. The module is left as it was."""
+    return torch.func.functional_call(_Method(module, method), {f"module.{n}": t for n, t in parameters.items()}, ())
 
 
 def reference_features(adapter, batch) -> torch.Tensor:

@@ -50,7 +50,8 @@ from typing import Dict, List, Tuple
 import torch
 
 from stabexp.config import placements as stack_placements
-from stabexp.distributed import local
+from stabexp.distributed import local, sharded_like
+from stabexp.probes import read_with
 from stabexp.probes.base import REFERENCE, STABEXP_MODEL, SUBLAYERS, GATHER, Probe, ProbeContext, Rows, refuse_unless
 from stabexp.probes.statistics import per_token_norm
 
@@ -125,7 +126,7 @@ class UpdateBound:
         spectral, frobenius = [], []
         for branch, name, weights in self.branches:
             current = _scaled(branch, name, {n: p.full_tensor() for n, p in weights.items()})
-            initial = _scaled(branch, name, {n: whole(p, next(init)) for n, p in weights.items()})
+            initial = _scaled(branch, name, {n: sharded_like(next(init), p).full_tensor() for n, p in weights.items()})
             both = current + list(torch._foreach_sub(current, initial))
             spectral.append(_spectral_norms(both).cpu())
             frobenius.append(torch.stack(torch._foreach_norm(both)).float().cpu())
@@ -135,30 +136,10 @@ class UpdateBound:
                 torch.cat([frobenius[:, :2].flatten(), frobenius[:, 2:].flatten()]))
 
 
-class _Matrices(torch.nn.Module):
-    """A branch's `matrices()` as a forward, so that torch.func.functional_call can read them
-    from parameters other than the branch's own (whole ones gathered from shards)."""
-
-    def __init__(self, branch: torch.nn.Module):
-        super().__init__()
-        self.branch = branch
-
-    def forward(self) -> Dict[str, torch.Tensor]:
-        return self.branch.matrices()
-
-
 def _scaled(branch: torch.nn.Module, name: str, weights: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
     """The two matrices of G = v w x of a sublayer, read from the parameters `weights`."""
-    mats = torch.func.functional_call(_Matrices(branch), {f"branch.{n}": w for n, w in weights.items()}, ())
+    mats = read_with(branch, "matrices", weights)
     return [mats[k] for k in SCALED[name]]
-
-
-def whole(like: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of which `shard` is this rank's part, sharded as the DTensor `like`."""
-    from torch.distributed.tensor import DTensor
-
-    return DTensor.from_local(shard, like.device_mesh, like.placements, shape=like.shape,
-                              stride=like.stride()).full_tensor()
 
 
 def _spectral_norms(matrices: List[torch.Tensor]) -> torch.Tensor:
@@ -203,12 +184,8 @@ class UpdateBoundProbe(Probe):
 
     def state_dict(self) -> Dict:
         if self.ctx.sharded:  # each rank's shards, as DTensors: the checkpoint saves them with DCP
-            from torch.distributed.tensor import DTensor
-
             params = [p for *_, weights in self.bound.branches for p in weights.values()]
-            return {"update_bound_init": [
-                DTensor.from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
-                for t, p in zip(self.bound.init, params)]}
+            return {"update_bound_init": [sharded_like(t, p) for t, p in zip(self.bound.init, params)]}
         return {"update_bound_init": self.bound.init}
 
     def load_state_dict(self, state: Dict) -> None:

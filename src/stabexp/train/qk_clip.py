@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from stabexp.distributed import local, local_part
 from stabexp.model.transformer import explicit_attention
-from stabexp.probes import hooked
+from stabexp.probes import hooked, read_with
 
 
 class QKClip:
@@ -62,26 +62,15 @@ class QKClip:
                 local(param).mul_(local_part(factor, param).view(-1, *[1] * (param.dim() - 1)))
 
 
-class _Parts(nn.Module):
-    """An attention's `matrices()` and `biases()` as a forward, for torch.func.functional_call."""
-
-    def __init__(self, attention: nn.Module):
-        super().__init__()
-        self.attention = attention
-
-    def forward(self):
-        return self.attention.matrices(), self.attention.biases()
-
-
 def query_key_rows(attention: nn.Module) -> List[Tuple[nn.Parameter, torch.Tensor, torch.Tensor]]:
     """(parameter, its rows that are rows of W_q, W_k or their biases, the position of each in
     W_q or W_k) for every parameter holding some: read through the attention's own matrices()
     and biases() from stand-ins whose entries number the parameter and the row."""
     params = [p for _, p in attention.named_parameters()]
     stride = max(p.shape[0] for p in params)
-    numbered = {f"attention.{name}": (torch.arange(p.shape[0]) + j * stride).view(-1, *[1] * (p.dim() - 1)).expand(p.shape)
+    numbered = {name: (torch.arange(p.shape[0]) + j * stride).view(-1, *[1] * (p.dim() - 1)).expand(p.shape)
                 for j, (name, p) in enumerate(attention.named_parameters())}
-    matrices, biases = torch.func.functional_call(_Parts(attention), numbered, ())
+    matrices, biases = read_with(attention, "matrices", numbered), read_with(attention, "biases", numbered)
     rows: Dict[int, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
     for part in (matrices, biases):
         for key in ("q", "k"):
