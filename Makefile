@@ -41,8 +41,9 @@ run: install
 	$(BIN)/stabexp report "$${STABEXP_OUTPUTS:-outputs}/multirun/experiment=deepnet_early"
 	@echo "Run folders: $${STABEXP_OUTPUTS:-outputs}/multirun/experiment=deepnet_early/ ; figures: outputs/figures/"
 
-# Every preset (about 36 h on 2 cores at the default scale, 21 h of it estimated: each preset's
-# `# cost:` line, summed by `python -m stabexp.presets`; docs/presets.md), then every figure.
+# Every preset, one after another, each packing its jobs onto the cores (docs/scale.md), then
+# every figure (about 36 h on 2 cores at the default scale, 21 h of it estimated: each preset's
+# `# cost:` line, summed by `python -m stabexp.presets`; docs/presets.md).
 reproduce: install
 	for p in $(PRESETS); do \
 	  $(BIN)/stabexp run experiment=$$p $(if $(filter-out default,$(SCALE)),scale=$(SCALE)) || exit 1; \

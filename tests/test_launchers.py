@@ -36,7 +36,7 @@ def _jobs(outputs):
 @pytest.fixture(scope="module")
 def basic(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("basic")
-    _sweep(outputs)
+    _sweep(outputs, "hydra/launcher=basic")
     return _jobs(outputs)[1]
 
 
@@ -53,7 +53,7 @@ def test_a_submitit_local_sweep_writes_the_basic_launchers_files(tmp_path, basic
 def test_a_killed_sweep_resumes_its_job_through_submitit(tmp_path, basic):
     """The basic launcher runs the jobs in its own process: SIGKILL mid-way through the second
     job, then launch the sweep again with submitit_local."""
-    proc = _sweep(tmp_path, wait=False)
+    proc = _sweep(tmp_path, "hydra/launcher=basic", wait=False)
     deadline = time.time() + 120
     target = None
     while time.time() < deadline and proc.poll() is None:

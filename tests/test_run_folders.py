@@ -222,8 +222,10 @@ def test_a_refused_job_is_reported_and_the_sweep_goes_on(older_sweep, stabexp_ma
     refused in a line each naming it, and the sweep's third job runs all the same."""
     sweep, jobs = older_sweep
     monkeypatch.setitem(folder.BEFORE_ADDED, "train.qk_clip_tau", 100.0)
+    # One job after another in this process, where the monkeypatch reaches (a packed sweep's
+    # jobs are processes of their own).
     result = stabexp_main("run", "-m", "group=postln,preln,deepnorm", *FIXTURE_SWEEP[2:],
-                          f"hydra.sweep.dir='{sweep}'")
+                          f"hydra.sweep.dir='{sweep}'", "hydra/launcher=basic")
     assert result.returncode == 1
     assert "2 job(s) of the sweep did not finish" in result.stderr
     assert result.stderr.count("train.qk_clip_tau: 100.0 in the folder, 0.0 here") == 2
@@ -236,7 +238,7 @@ def test_a_failed_job_is_reported_and_the_sweep_goes_on(stabexp_main, monkeypatc
     real = trainer.Run.step
     monkeypatch.setattr(trainer.Run, "step", lambda self, i: real(self, i) if self.cfg.group.name != "preln"
                         else 1 / 0)
-    result = stabexp_main("run", "-m", "group=preln,postln", *TINY)
+    result = stabexp_main("run", "-m", "group=preln,postln", *TINY, "hydra/launcher=basic")  # as above
     assert result.returncode == 1
     assert "1 job(s) of the sweep did not finish" in result.stderr and "ZeroDivisionError" in result.stderr
     runs = [p for p in (stabexp_main.outputs / "multirun").glob("*/*") if p.is_dir()]

@@ -47,80 +47,90 @@ RECORD_HYDRA = "hydra.output_subdir=null"
 
 
 def _job_ended(out_dir: Path, why: str, hydra_cfg, err: Optional[BaseException] = None) -> None:
-    """A sweep's job that did not finish: one line now, a line in the sum at the end, and on a
-    launcher that runs jobs in other processes (joblib, submitit) the error raised for it to
-    report, which it does once every job has run."""
+    """A sweep's job that did not finish: one line now, a line in the sum at the end (the packed
+    launcher carries it back from the job's process), and on Hydra's launchers that run jobs in
+    other processes (joblib, submitit) the error raised for it to report, which it does once
+    every job has run."""
     log.error("job %s %s", out_dir.name, why, exc_info=err)  # the traceback: terminal and the job's log
     _unfinished.append((out_dir, why))
-    if "BasicLauncher" not in str(hydra_cfg.launcher.get("_target_", "")):
+    if not any(name in str(hydra_cfg.launcher.get("_target_", "")) for name in ("BasicLauncher", "PackedLauncher")):
         raise RuntimeError(f"{out_dir}: {why}") from err
+
+
+def task(cfg) -> None:
+    """Hydra's task function: one job (of a sweep) or one run, in this process or in a packed
+    sweep's job process (stabexp.sweep), which is why it lives at module level (picklable)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from stabexp.train.trainer import check, finished, train
+
+    from stabexp.train.files import RunLocked
+    from stabexp.train.stop import RunStopped
+
+    from stabexp import distributed
+    from stabexp.train import folder
+
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    if distributed.launched():
+        distributed.setup()  # the K tasks of a submitit job enter here, not through cmd_run
+        out_dir = distributed.broadcast(out_dir)  # one folder for all ranks: rank 0's
+        if not distributed.is_rank0():
+            logging.getLogger("stabexp").setLevel(logging.WARNING)
+            # Under submitit every task has Hydra's log file open: rank 0's alone writes it.
+            for handler in [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]:
+                logging.getLogger().removeHandler(handler)
+                handler.close()
+    say = print if distributed.is_rank0() else (lambda *a, **k: None)  # one line, from rank 0
+    hydra_cfg = HydraConfig.get()
+    in_sweep = str(hydra_cfg.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
+    try:
+        check(cfg)
+        # Before Hydra's record of this command goes in; rank 0 reads the folder for all.
+        refused = distributed.broadcast(folder.refused(out_dir, cfg) if distributed.is_rank0() else None)
+        if refused:
+            raise ConfigError(refused)
+        if distributed.is_rank0() and hydra_cfg.output_subdir is None and not finished(out_dir, cfg):
+            folder.write_hydra_record(out_dir, cfg)
+        summary = train(cfg, out_dir)
+    except ConfigError as err:
+        if in_sweep:  # one job refused: said, and the sweep goes on (cmd_run sums up at the end)
+            _job_ended(out_dir, f"refused: {err}", hydra_cfg)
+            return
+        say(f"stabexp: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except RunLocked as err:
+        if in_sweep:
+            # Another process runs this job (two launches of one sweep share the work).
+            log.warning("skipped: %s", err)
+            return
+        say(f"stabexp: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except RunStopped as stop:
+        say(f"stabexp: stopped by {stop}: {out_dir} has a checkpoint; the same command resumes it",
+            file=sys.stderr)
+        sys.exit(128 + stop.signum)
+    except Exception as err:
+        if not in_sweep or distributed.world() > 1:  # K processes stop together (torchrun ends them)
+            raise
+        _job_ended(out_dir, f"failed: {type(err).__name__}: {err}", hydra_cfg, err)
+        return
+    eval_loss, bleu = summary.get("final_eval_loss"), summary.get("test_bleu")
+    log.info("%s: %s after %s steps, eval loss %s%s, results in %s", summary["group"],
+             summary["status"], summary.get("steps_done"),
+             f"{eval_loss:.4f}" if eval_loss is not None else "n/a",
+             f", test BLEU {bleu:.2f}" if bleu is not None else "", out_dir)
 
 
 def _hydra_main():
     import hydra
-    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.plugins import Plugins
 
-    @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
-    def run(cfg) -> None:
-        from stabexp.train.trainer import check, finished, train
+    from hydra_plugins.stabexp_launcher.packed_launcher import PackedLauncher
 
-        from stabexp.train.files import RunLocked
-        from stabexp.train.stop import RunStopped
-
-        from stabexp import distributed
-        from stabexp.train import folder
-
-        out_dir = Path(HydraConfig.get().runtime.output_dir)
-        if distributed.launched():
-            distributed.setup()  # the K tasks of a submitit job enter here, not through cmd_run
-            out_dir = distributed.broadcast(out_dir)  # one folder for all ranks: rank 0's
-            if not distributed.is_rank0():
-                logging.getLogger("stabexp").setLevel(logging.WARNING)
-                # Under submitit every task has Hydra's log file open: rank 0's alone writes it.
-                for handler in [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]:
-                    logging.getLogger().removeHandler(handler)
-                    handler.close()
-        say = print if distributed.is_rank0() else (lambda *a, **k: None)  # one line, from rank 0
-        hydra_cfg = HydraConfig.get()
-        in_sweep = str(hydra_cfg.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
-        try:
-            check(cfg)
-            # Before Hydra's record of this command goes in; rank 0 reads the folder for all.
-            refused = distributed.broadcast(folder.refused(out_dir, cfg) if distributed.is_rank0() else None)
-            if refused:
-                raise ConfigError(refused)
-            if distributed.is_rank0() and hydra_cfg.output_subdir is None and not finished(out_dir, cfg):
-                folder.write_hydra_record(out_dir, cfg)
-            summary = train(cfg, out_dir)
-        except ConfigError as err:
-            if in_sweep:  # one job refused: said, and the sweep goes on (cmd_run sums up at the end)
-                _job_ended(out_dir, f"refused: {err}", hydra_cfg)
-                return
-            say(f"stabexp: error: {err}", file=sys.stderr)
-            sys.exit(2)
-        except RunLocked as err:
-            if in_sweep:
-                # Another process runs this job (two launches of one sweep share the work).
-                log.warning("skipped: %s", err)
-                return
-            say(f"stabexp: error: {err}", file=sys.stderr)
-            sys.exit(2)
-        except RunStopped as stop:
-            say(f"stabexp: stopped by {stop}: {out_dir} has a checkpoint; the same command resumes it",
-                file=sys.stderr)
-            sys.exit(128 + stop.signum)
-        except Exception as err:
-            if not in_sweep or distributed.world() > 1:  # K processes stop together (torchrun ends them)
-                raise
-            _job_ended(out_dir, f"failed: {type(err).__name__}: {err}", hydra_cfg, err)
-            return
-        eval_loss, bleu = summary.get("final_eval_loss"), summary.get("test_bleu")
-        log.info("%s: %s after %s steps, eval loss %s%s, results in %s", summary["group"],
-                 summary["status"], summary.get("steps_done"),
-                 f"{eval_loss:.4f}" if eval_loss is not None else "n/a",
-                 f", test BLEU {bleu:.2f}" if bleu is not None else "", out_dir)
-
-    return run
+    # Hydra finds launchers by scanning the hydra_plugins folders, which misses an editable
+    # install's (a path hook, not a folder): registered by hand, as Hydra's API allows.
+    Plugins.instance().register(PackedLauncher)
+    return hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")(task)
 
 
 def cmd_run(args: List[str]) -> int:
@@ -191,6 +201,10 @@ def _cmd_run(args: List[str], checked=None) -> int:
             return 2
     if not any(h.lstrip("+").startswith("hydra.output_subdir=") for h in hydra_overrides):
         extra.append(RECORD_HYDRA)
+    if multirun and distributed.launched() and not any(h.startswith(("hydra/launcher=", "hydra.launcher."))
+                                                      for h in hydra_overrides):
+        # K processes run one run at a time together: the sweep goes one job after another.
+        extra.append("hydra/launcher=basic")
     if not distributed.is_rank0():
         # Hydra's own files (.hydra/, the log file, a sweep's multirun.yaml) come from rank 0:
         # the other ranks log to the terminal and keep a sweep's bookkeeping in a temp folder.

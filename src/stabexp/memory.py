@@ -106,3 +106,44 @@ def check_fits(cfg, device: torch.device) -> None:
                           f"least {need / 2 ** 30:.1f} GiB (its activations and logits, a lower estimate) and "
                           f"{'this GPU' if device.type == 'cuda' else 'this machine'} has {free / 2 ** 30:.1f} GiB "
                           "free: lower train.batch_size (or task.seq_len)")
+
+
+# --- how much a run will take, for packing a sweep's jobs (stabexp.sweep) -------------------
+
+BASE_BYTES = 450 * 2 ** 20  # Python, torch and the data of a tiny run (lm_depth's 6-layer runs peak at 450 MiB)
+
+
+def parameters(cfg) -> int:
+    """The model's parameter count from its shape (embeddings, attention and FFN matrices; the
+    norms' and biases' vectors left out)."""
+    m, d = cfg.model, cfg.model.d_model
+    encoder_decoder = m.arch == "transformer"
+    vocab = cfg.task.classes + cfg.task.in_dim if cfg.task.kind == "teacher" else cfg.task.vocab_size
+    encoder = cfg.depth * (4 * d * d + 2 * d * m.ffn_dim)
+    decoder = (cfg.decoder_depth or cfg.depth) * (8 * d * d + 2 * d * m.ffn_dim) if encoder_decoder else 0
+    return vocab * d * (2 if encoder_decoder else 1) + encoder + decoder
+
+
+def run_bytes(cfg) -> int:
+    """An estimate of a run's peak memory, on the high side, for deciding how many runs share a
+    machine: the process's base, 16 bytes a parameter (the weights, their gradient, Adam's two
+    moments; the probes' copies of the weights add to it) and 8 x the least activation memory
+    of a step (least_step_bytes, a lower bound: the 1,000-layer runs of deepnet_1000_layers and
+    lm_1000_layers peaked at 6.6 and 5 times it, docs/data/deepnet_cells.csv)."""
+    return BASE_BYTES + 16 * parameters(cfg) + 8 * least_step_bytes(cfg)
+
+
+def total_bytes() -> int:
+    """The machine's memory (MemTotal), the same from one launch of a sweep to the next."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62

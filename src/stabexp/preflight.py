@@ -278,9 +278,20 @@ def preflight(args: List[str], prepare_data: bool = True, world: Optional[Tuple[
                           "(and give each swept key one value)")
     config_dirs = user_config_dirs(args)
     launcher = [h for h in hydra_overrides if h.lstrip("+").startswith(("hydra/launcher", "hydra.launcher"))]
+    _check_packing(launcher)
     multirun, run_dir = check_overrides(ours, multirun, prepare_data=prepare_data and not (prints_config or wants_help),
                                         config_dirs=config_dirs, launcher=launcher, world=world)
     return Checked(ours, hydra_overrides, multirun, wants_help, config_dirs, run_dir)
+
+
+def _check_packing(launcher: List[str]) -> None:
+    """The packed launcher's keys (hydra.launcher.jobs, .threads): a whole number >= 1 or null."""
+    for h in launcher:
+        key, _, value = h.lstrip("+").partition("=")
+        if key in ("hydra.launcher.jobs", "hydra.launcher.threads") and value != "null" \
+                and not (value.isdigit() and int(value) >= 1):
+            raise ConfigError(f"{h} is not allowed: {key} is a whole number >= 1, or null for as many "
+                              "as the machine allows")
 
 
 def make_folder(path: Path, what: str = "run folder") -> None:

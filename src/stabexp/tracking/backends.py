@@ -10,8 +10,9 @@ import re
 import secrets
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from stabexp.config import outputs_dir
 
@@ -92,6 +93,22 @@ RUN_DIR_TAG = "stabexp.run_dir"
 MLFLOW_STATUS = {"completed": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
 
+@contextmanager
+def _exclusive(path: Optional[Path]):
+    """An exclusive flock on `path` while the block runs (nothing when None)."""
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 class Mlflow(Backend):
     """One MLflow run per run folder, in one experiment per sweep (its folder's name)."""
 
@@ -101,18 +118,25 @@ class Mlflow(Backend):
     PARAM_LENGTH = 6000
 
     def __init__(self, info, options):
-        from mlflow.tracking import MlflowClient
-
         self.info, self.last_step = info, 0
         uri = (options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                or f"sqlite:///{outputs_dir() / 'mlflow.db'}")
         # A database file keeps its experiments' artifacts (the figures) beside it, not in the
         # working directory's mlruns/ (MLflow's default).
-        self.artifacts = None
+        self.artifacts, lock_path = None, None
         if uri.startswith("sqlite:///"):
             database = Path(uri[len("sqlite:///"):])
             database.parent.mkdir(parents=True, exist_ok=True)
             self.artifacts = database.parent / "mlartifacts"
+            lock_path = database.with_name(database.name + ".lock")
+        # The jobs of a packed sweep start side by side: one at a time creates the database's
+        # tables (MLflow's migrations race otherwise) and the experiment.
+        with _exclusive(lock_path):
+            self._open(uri, options, info)
+
+    def _open(self, uri: str, options, info) -> None:
+        from mlflow.tracking import MlflowClient
+
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self._experiment(options.experiment or info.sweep)
         self.run_id = info.ids.get("mlflow")

@@ -132,11 +132,12 @@ class Progress:
     left, so a log shows a run is moving without a line per step."""
 
     LINE_SECONDS = 30.0
+    bar_allowed = True  # false in a packed sweep's job process: several bars on one terminal clash
 
     def __init__(self, cfg: DictConfig, enabled: bool = True):
         self.cfg, self.every, self.last_update = cfg, cfg.probe.log_every, float("nan")
         self.enabled, self.bar = enabled, None
-        self.use_bar = enabled and sys.stderr.isatty()
+        self.use_bar = enabled and self.bar_allowed and sys.stderr.isatty()
         self.first_step = None  # the first step this process runs; `started`: when it had run
         self.started = self.last_line = 0.0
 
