@@ -58,13 +58,19 @@ def available_bytes(device: torch.device) -> int:
     """Memory a run may still take: the GPU's free memory, or the host's MemAvailable."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    available = _meminfo_bytes("MemAvailable")
+    return available if available is not None else 1 << 62  # not known here: no refusal
+
+
+def _meminfo_bytes(field: str):
+    """A field of /proc/meminfo in bytes (None where there is none: not Linux)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 1 << 62  # not known here: no refusal
+    return None
 
 
 def least_step_bytes(cfg) -> int:
@@ -135,12 +141,9 @@ def run_bytes(cfg) -> int:
 
 def total_bytes() -> int:
     """The machine's memory (MemTotal), the same from one launch of a sweep to the next."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    total = _meminfo_bytes("MemTotal")
+    if total is not None:
+        return total
     import os
 
     try:
