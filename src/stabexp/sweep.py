@@ -1,14 +1,14 @@
 """Packed sweeps: the jobs of a multirun on one machine run several at a time, each in a process
 of its own (Hydra's launcher `packed`, stabexp's default; `hydra/launcher=basic` runs them one
-after another in the sweep's process). docs/sweeps.md says what a user sees.
+after another in the sweep's process). docs/scale.md ("Packed sweeps") says what a user sees.
 
 How many at once, at how many threads each (`packing`), decided from the whole sweep, its
 finished jobs included, so that a relaunched sweep resumes every run at the thread count it
 started with (a run's last digits depend on it: train/build.py):
 - threads per job: train.threads where the sweep sets it; else the cores shared out among the
-  jobs that can run at once, one each when there are at least as many jobs as cores. One
-  thread per job is the fastest way through a sweep of this project's models on a CPU: two
-  one-thread runs side by side beat one two-thread run after another (docs/benchmarks.md,
+  jobs that can run at once, one each when there are at least as many jobs as cores: for the
+  tiny models of deepnet_depth and lm_depth, two one-thread runs side by side go 1.74-1.77x as
+  fast as one at a time, where a second thread gives one run 1.2-1.3x (docs/benchmarks.md,
   "Packed sweeps");
 - jobs at once: cores // threads, no more than the jobs' estimated peak memory lets the
   machine hold (memory.run_bytes; a 1,000-layer run takes gigabytes); on GPUs, as many per
