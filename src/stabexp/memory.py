@@ -73,6 +73,14 @@ def _meminfo_bytes(field: str):
     return None
 
 
+def stack_depths(cfg):
+    """(layers of the first stack, of the decoder stack): depth and decoder_depth (default:
+    depth) for the encoder-decoder, (depth, 0) for a single stack."""
+    if cfg.model.arch != "transformer":
+        return cfg.depth, 0
+    return cfg.depth, cfg.decoder_depth or cfg.depth
+
+
 def least_step_bytes(cfg) -> int:
     """A lower bound on the memory of one training step's batch, where the task fixes the
     batch's shape (sort, reverse, teacher, lm: train.batch_size rows of task.seq_len tokens;
@@ -89,9 +97,7 @@ def least_step_bytes(cfg) -> int:
         tokens, outputs = cfg.train.batch_size, t.classes
     else:
         return 0
-    stacks = 2 if m.arch == "transformer" else 1
-    layers = cfg.depth + ((cfg.decoder_depth or cfg.depth) if stacks == 2 else 0)
-    per_token = layers * (2 * m.d_model + m.ffn_dim) + 2 * outputs
+    per_token = sum(stack_depths(cfg)) * (2 * m.d_model + m.ffn_dim) + 2 * outputs
     return 4 * tokens * per_token
 
 
@@ -123,11 +129,11 @@ def parameters(cfg) -> int:
     """The model's parameter count from its shape (embeddings, attention and FFN matrices; the
     norms' and biases' vectors left out)."""
     m, d = cfg.model, cfg.model.d_model
-    encoder_decoder = m.arch == "transformer"
+    encoder_layers, decoder_layers = stack_depths(cfg)
     vocab = cfg.task.classes + cfg.task.in_dim if cfg.task.kind == "teacher" else cfg.task.vocab_size
-    encoder = cfg.depth * (4 * d * d + 2 * d * m.ffn_dim)
-    decoder = (cfg.decoder_depth or cfg.depth) * (8 * d * d + 2 * d * m.ffn_dim) if encoder_decoder else 0
-    return vocab * d * (2 if encoder_decoder else 1) + encoder + decoder
+    encoder = encoder_layers * (4 * d * d + 2 * d * m.ffn_dim)
+    decoder = decoder_layers * (8 * d * d + 2 * d * m.ffn_dim)  # self- and cross-attention
+    return vocab * d * (2 if decoder_layers else 1) + encoder + decoder
 
 
 def run_bytes(cfg) -> int:

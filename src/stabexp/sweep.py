@@ -64,6 +64,7 @@ class Job:
 class Packing:
     at_once: int                  # jobs running at the same time
     threads: int                  # torch threads of every job
+    memory_budget: int            # bytes the running jobs' estimates may add up to (on the CPU)
     devices: List[int] = field(default_factory=list)  # GPU of each slot (empty on the CPU)
 
     def describe(self) -> str:
@@ -88,17 +89,16 @@ def packing(jobs: Sequence[Job], cores: int, memory: int, gpu_memory: Sequence[i
     set_threads = {j.threads for j in jobs if j.threads}
     threads = threads or (max(set_threads) if set_threads else None)
     largest = max((j.memory for j in jobs), default=1)
+    budget = int(memory * MEMORY_SHARE)
     if jobs and any(j.on_gpu for j in jobs) and gpu_memory:
         per_device = [max(1, int(m * MEMORY_SHARE) // largest) for m in gpu_memory]
-        devices = [d for d, n in enumerate(per_device) for _ in range(n)]
-        slots = min(len(jobs), len(devices), at_most or len(devices))
-        devices = _spread(per_device, slots)
-        return Packing(slots, threads or max(1, cores // slots), devices)
-    fit = max(1, int(memory * MEMORY_SHARE) // largest)
+        slots = min(len(jobs), sum(per_device), at_most or sum(per_device))
+        return Packing(slots, threads or max(1, cores // slots), budget, _spread(per_device, slots))
+    fit = max(1, budget // largest)
     slots = min(max(1, len(jobs)), fit, max(1, cores // threads) if threads else cores)
     if at_most:
         slots = min(slots, at_most)
-    return Packing(slots, threads or max(1, cores // slots))
+    return Packing(slots, threads or max(1, cores // slots), budget)
 
 
 def _spread(per_device: List[int], slots: int) -> List[int]:
@@ -232,13 +232,9 @@ def _visible_device(index: int) -> str:
 def _next_fitting(pending: List[Job], running: Dict, pack: Packing) -> Optional[Job]:
     """The first waiting job whose memory fits beside the running jobs' (a job too big to share
     the machine runs alone); None: wait for one to end."""
-    from stabexp.memory import total_bytes
-
-    if not running:
+    if not running or pack.devices:  # a GPU's slots were counted from its memory in packing
         return pending[0]
-    if pack.devices:  # a GPU's jobs are counted in packing: as many slots as its memory holds
-        return pending[0]
-    room = int(total_bytes() * MEMORY_SHARE) - sum(j.memory for j, *_ in running.values())
+    room = pack.memory_budget - sum(j.memory for j, *_ in running.values())
     return next((j for j in pending if j.memory <= room), None)
 
 
@@ -333,7 +329,7 @@ def jobs_of(launcher_config: DictConfig, config_loader, job_overrides: Sequence[
     """Each job's config, as Hydra's launchers compose it, with what packing needs to know."""
     from hydra.core.hydra_config import HydraConfig
 
-    from stabexp.memory import run_bytes
+    from stabexp.memory import run_bytes, stack_depths
 
     jobs = []
     for i, overrides in enumerate(job_overrides):
@@ -345,8 +341,7 @@ def jobs_of(launcher_config: DictConfig, config_loader, job_overrides: Sequence[
         HydraConfig.instance().set_config(config)
         out_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         task_cfg = task_config(config)
-        layers = task_cfg.depth + (task_cfg.decoder_depth or task_cfg.depth
-                                   if task_cfg.model.arch == "transformer" else 0)
+        layers = sum(stack_depths(task_cfg))
         on_gpu = task_cfg.train.device == "cuda" or (task_cfg.train.device == "auto" and _has_gpu())
         jobs.append(Job(idx, list(overrides), config, out_dir, run_bytes(task_cfg),
                         float(max(task_cfg.train.steps, 1) * layers), int(task_cfg.train.threads), on_gpu))
