@@ -1,7 +1,8 @@
 """Write the verdict tables of the README ("What reproduces") and docs/results.md (its summary)
-from the recorded runs (docs/data/), as `stabexp claims docs/data` judges them. Each table sits
-between the two markers below; tests/test_docs.py fails when a page's table differs from this
-output, so a verdict is never typed by hand.
+from the recorded runs (docs/data/), as `stabexp claims docs/data` judges them, and the line of
+each results.md section that names the claims judged there (from the registry). Each table sits
+between the two markers below; tests/test_docs.py fails when a page's table or a section's line
+differs from this output, so neither a verdict nor a list of claims is typed by hand.
 
     python scripts/claims_tables.py          # rewrite both tables in place
     python scripts/claims_tables.py --check  # exit 1 when a page's table is out of date
@@ -9,6 +10,7 @@ output, so a verdict is never typed by hand.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -21,9 +23,35 @@ PAGES = [(ROOT / "README.md", "docs/results.md", ("claim", "paper", "measured", 
          (ROOT / "docs" / "results.md", "", claims.COLUMNS)]
 
 
+RESULTS = ROOT / "docs" / "results.md"
+JUDGED = "*Judged by rule, over the recorded runs: "
+
+
 def tables():
     results = claims.evaluate_all(claims.records(claims.recorded_tables(ROOT / "docs" / "data")))
     return {page: claims.markdown(results, link, columns) for page, link, columns in PAGES}
+
+
+def judged_line(ids) -> str:
+    names = ", ".join(f"`{i}`" for i in ids)
+    return f"{JUDGED}{names} in [the verdicts](#the-verdicts) (`stabexp claims --only {','.join(ids)}`).*"
+
+
+def with_judged_lines(text: str) -> str:
+    """results.md with the first "Judged by rule" line of each numbered section naming the claims
+    whose section it is, in the registry's order."""
+    by_section = {}
+    for c in claims.CLAIMS:
+        by_section.setdefault(c.section, []).append(c.id)
+    parts = re.split(r"(?m)^(## \d+\. .*)$", text)
+    out = [parts[0]]
+    for heading, body in zip(parts[1::2], parts[2::2]):
+        anchor = re.sub(r"[^a-z0-9 -]", "", heading[3:].lower()).replace(" ", "-")
+        ids = by_section.get(anchor)
+        if ids:
+            body = re.sub(r"(?m)^" + re.escape(JUDGED) + r".*$", lambda _: judged_line(ids), body, count=1)
+        out += [heading, body]
+    return "".join(out)
 
 
 def replaced(text: str, table: str) -> str:
@@ -37,6 +65,8 @@ def main(argv) -> int:
     for page, table in tables().items():
         text = page.read_text()
         new = replaced(text, table)
+        if page == RESULTS:
+            new = with_judged_lines(new)
         if new != text:
             stale.append(page.relative_to(ROOT))
             if "--check" not in argv:

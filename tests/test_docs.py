@@ -217,6 +217,10 @@ def test_the_verdict_tables_are_what_stabexp_claims_computes():
         assert text.count(module.BEGIN) == 1 and text.count(module.END) == 1, page
         shown = text.split(module.BEGIN, 1)[1].split(module.END, 1)[0].strip("\n")
         assert shown == table, f"{page.name}: run python scripts/claims_tables.py"
+    results = module.RESULTS.read_text()
+    assert module.with_judged_lines(results) == results, "results.md: run python scripts/claims_tables.py"
+    sections = {c.section for c in module.claims.CLAIMS}
+    assert results.count(module.JUDGED) == len(sections)  # a line per section that judges a claim
 
 
 def _page_modules(page: Path) -> dict:

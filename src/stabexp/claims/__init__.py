@@ -74,9 +74,10 @@ COLUMNS = ("claim", "paper", "evidence", "measured", "verdict", "runs", "missing
 
 def markdown(results: List[Result], page: str = "", columns=COLUMNS) -> str:
     """The verdict table, one row per claim, with `columns` of: claim (linked to its section of
-    `page`), paper, evidence (the scale and task), measured (with its spread over seeds), verdict,
-    runs (how many finished runs of its cells it read), missing (what it lacks, and the command
-    that makes it); then the count of each verdict."""
+    `page`), paper, evidence (the scale and task, and the dates of the runs read), measured (with
+    its spread over seeds), verdict, runs (how many finished runs of its cells it read), missing
+    (what it lacks, the command that makes it and, where known, what that costs); then the count of
+    each verdict."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in results:
         c = r.claim
@@ -84,8 +85,9 @@ def markdown(results: List[Result], page: str = "", columns=COLUMNS) -> str:
         missing = "-"
         if r.missing:
             missing = r.missing[0] + (f" (and {len(r.missing) - 1} more)" if len(r.missing) > 1 else "")
-            missing += f"; `{c.command}`"
-        cell = {"claim": f"{source}: {c.statement}", "paper": c.paper, "evidence": c.evidence,
+            missing += f"; `{c.command}`" + (f" ({c.cost})" if c.cost else "")
+        evidence = c.evidence + (f"; runs of {r.dates}" if r.dates else "")
+        cell = {"claim": f"{source}: {c.statement}", "paper": c.paper, "evidence": evidence,
                 "measured": r.measured, "verdict": f"**{r.verdict}**", "runs": str(r.runs), "missing": missing}
         lines.append("| " + " | ".join(cell[k].replace("|", "\\|") for k in columns) + " |")
     counts = pd.Series([r.verdict for r in results]).value_counts()

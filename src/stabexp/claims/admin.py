@@ -6,57 +6,80 @@ so in `revised`.
 
 from __future__ import annotations
 
-from stabexp import paper
-from stabexp.analysis import linear_and_log_fits
 import operator
 
-from stabexp.claims.registry import (DOES_NOT_HOLD, HOLDS, PARTLY, Cells, Claim, Evidence, compare, every, mean,
-                                     over_seeds)
-from stabexp.claims.rules import grid, log_slope_per_seed, outcome
+from stabexp import paper
+from stabexp.analysis import linear_and_log_fits
+from stabexp.claims.registry import (DOES_NOT_HOLD, HOLDS, NOT_SHOWN, PARTLY, Cells, Claim, Evidence, compare, every,
+                                     mean, over_seeds)
+from stabexp.claims.rules import beats, grid, log_slope_per_seed, outcome
 
 OUTPUT_CHANGE_DEPTHS = (6, 12, 18, 25, 50, 100)
 SHAPE = {"postln": "linear", "preln": "log", "admin": "log"}
 
 
 def _shape_fits(ev: Evidence, recipe: str, x: str, y: str, setting=""):
-    """Per group and seed: R² of y linear in x and of y linear in ln x."""
+    """Per group: the fits (linear in x, linear in ln x) of y averaged over seeds at each x, and
+    the same two fits of each seed alone."""
     out = {}
     for group in SHAPE:
         runs = ev.runs(recipe=recipe, group=group, setting=setting).dropna(subset=[x, y])
-        out[group] = [linear_and_log_fits(r[x], r[y]) for _, r in runs.groupby("seed") if r[x].nunique() >= 3]
+        curve = runs.groupby(x)[y].mean()
+        averaged = linear_and_log_fits(curve.index, curve.values) if len(curve) >= 3 else None
+        out[group] = (averaged, [linear_and_log_fits(r[x], r[y]) for _, r in runs.groupby("seed") if r[x].nunique() >= 3])
     return out
 
 
-def _theorem2(ev: Evidence):
-    """Per seed, each group's output change at init fitted against its number of sublayers, linear
-    and in log. A group follows its shape when, in every seed, the fit of the paper's shape (linear
-    for Post-LN, log for Pre-LN and Admin) has R² ≥ 0.95 and beats the other fit's. Holds when all
-    three groups follow their shape; partly when one or two do; otherwise it does not hold."""
-    fits = _shape_fits(ev, "admin_output_change", "sublayers", "output_change")
+def _follows(fits, shape: str) -> bool:
+    """The averaged curve's fit of `shape` has R² ≥ 0.95 and beats the other fit, and in every seed
+    `shape` fits better than the other."""
+    averaged, per_seed = fits
+    other = "log" if shape == "linear" else "linear"
+    return (averaged is not None and averaged[shape]["r2"] >= 0.95 and averaged[shape]["r2"] > averaged[other]["r2"]
+            and every(f[shape]["r2"] > f[other]["r2"] for f in per_seed))
+
+
+def _shape_verdict(fits):
     follows, parts = 0, []
     for group, shape in SHAPE.items():
         other = "log" if shape == "linear" else "linear"
-        ok = every(f[shape]["r2"] >= 0.95 and f[shape]["r2"] > f[other]["r2"] for f in fits[group])
-        follows += ok
-        parts.append(f"{group} {shape} R² {over_seeds([f[shape]['r2'] for f in fits[group]])} ({other} "
-                     f"{mean([f[other]['r2'] for f in fits[group]]):.3f})")
+        averaged, per_seed = fits[group]
+        follows += _follows(fits[group], shape)
+        wins = sum(f[shape]["r2"] > f[other]["r2"] for f in per_seed)
+        r2 = f"{averaged[shape]['r2']:.3f} ({other} {averaged[other]['r2']:.3f})" if averaged else "-"
+        parts.append(f"{group} {shape} R² {r2} over seeds, {shape} ahead in {wins} of {len(per_seed)} seeds")
     return (HOLDS if follows == 3 else PARTLY if follows else DOES_NOT_HOLD), "; ".join(parts)
+
+
+def _theorem2(ev: Evidence):
+    """Each group's output change at init, averaged over seeds at each depth, fitted against its
+    number of sublayers, linear and in log (the paper fits one curve averaged over samples). A
+    group follows its shape (linear for Post-LN, log for Pre-LN and Admin) when the averaged
+    curve's fit of that shape has R² ≥ 0.95 and beats the other fit's, and in every seed that shape
+    fits better than the other. Holds when all three groups follow their shape; partly when one or
+    two do; otherwise it does not hold."""
+    return _shape_verdict(_shape_fits(ev, "admin_output_change", "sublayers", "output_change"))
+
+
+CLINIC_SUBLAYERS = 200  # one 100-layer encoder
 
 
 def _clinic(ev: Evidence):
-    """Along one 100-layer encoder at init (d = 512), each sublayer's input change against its
-    index i, per run linear and log in i. Holds when, in every seed, Post-LN's linear fit has
-    R² ≥ 0.95 and beats its log fit while Pre-LN's and Admin's log fits have R² ≥ 0.95 and beat their
-    linear fits; partly when one or two groups follow their shape; otherwise it does not hold."""
-    follows, parts = 0, []
-    for group, shape in SHAPE.items():
+    """Along one 100-layer encoder at init (d = 512), each sublayer's input change against its index
+    i, averaged over seeds at each i and fitted linear and log in i (Transformer-Clinic's one curve).
+    A group follows its shape (linear for Post-LN, log for Pre-LN and Admin) when the averaged
+    curve's fit of that shape has R² ≥ 0.95 and beats the other fit's, and in every seed that shape
+    fits better than the other. Holds when all three groups follow their shape; partly when one or
+    two do; otherwise it does not hold."""
+    fits = {}
+    for group in SHAPE:
         runs = ev.runs(recipe="admin_clinic", group=group, setting="model=base")
-        other = "log" if shape == "linear" else "linear"
-        mine, theirs = runs[f"clinic_{shape}_r2"], runs[f"clinic_{other}_r2"]
-        ok = every((mine >= 0.95) & (mine > theirs))
-        follows += ok
-        parts.append(f"{group} {shape} R² {over_seeds(mine)}")
-    return (HOLDS if follows == 3 else PARTLY if follows else DOES_NOT_HOLD), "; ".join(parts)
+        points = [i for i in range(1, CLINIC_SUBLAYERS + 1) if f"clinic_input_change@{i}" in runs]
+        curve = runs[[f"clinic_input_change@{i}" for i in points]].mean()
+        averaged = linear_and_log_fits(points, curve.values) if len(points) >= 3 else None
+        per_seed = [{"linear": {"r2": r.clinic_linear_r2}, "log": {"r2": r.clinic_log_r2}} for r in runs.itertuples()]
+        fits[group] = (averaged, per_seed)
+    return _shape_verdict(fits)
 
 
 def _w2_slopes(ev: Evidence):
@@ -106,22 +129,22 @@ def _vanishing(ev: Evidence):
 def _hybrid(recipe, depth, measure, higher_is_better):
     def criterion(ev: Evidence):
         """The hybrid of a Post-LN encoder and a Pre-LN decoder at 18L. Holds when its decoder's
-        bottom-layer gradient at init is at least 0.3 of the largest in every seed (no vanishing) and
-        the hybrid fails in every seed where Pre-LN trains in every seed; partly when it does not
-        vanish and its mean is at most half Pre-LN's BLEU or at least 5 times Pre-LN's loss (worse,
-        without failing); otherwise it does not hold."""
+        bottom-layer gradient at init is at least 0.3 of the largest in every seed (no vanishing),
+        the hybrid fails in every seed (it diverges, or ends no better than the input-blind rule or
+        below 1 BLEU: measures.with_outcome) and Pre-LN trains in every seed; partly when it does not
+        vanish, Pre-LN trains and the hybrid fails in some seeds but not all; otherwise it does not
+        hold."""
         grad = ev.value("decoder_bottom_gradient", recipe="admin_grad_vanishing", group="hybrid_postln_preln", depth=18)
         alive = every(grad >= 0.3)
         hybrid = outcome(ev, recipe, "hybrid_postln_preln", depth)
         preln = outcome(ev, recipe, "preln", depth)
         h = ev.value(measure, recipe=recipe, group="hybrid_postln_preln", depth=depth)
         p = ev.value(measure, recipe=recipe, group="preln", depth=depth)
-        worse = mean(h) <= 0.5 * mean(p) if higher_is_better else mean(h) >= 5 * mean(p)
-        measured = (f"hybrid {over_seeds(h)} ({hybrid}) against Pre-LN {over_seeds(p)}; its decoder's bottom gradient "
-                    f"at init {over_seeds(grad, 2)}")
+        measured = (f"hybrid {over_seeds(h)} ({hybrid}) against Pre-LN {over_seeds(p)} ({preln}); its decoder's bottom "
+                    f"gradient at init {over_seeds(grad, 2)}")
         if alive and hybrid == "fails" and preln == "trains":
             return HOLDS, measured
-        return (PARTLY if alive and worse else DOES_NOT_HOLD), measured
+        return (PARTLY if alive and hybrid == "mixed" and preln == "trains" else DOES_NOT_HOLD), measured
     return criterion
 
 
@@ -145,24 +168,90 @@ def _dependency(ev: Evidence):
     return (HOLDS if post_above and starts and ends else PARTLY if post_above and starts else DOES_NOT_HOLD), measured
 
 
+def _dependency_pattern(ev: Evidence):
+    """Along the encoder at init, at 18L: the change of β_ii from sublayer 2 to the top, read off a
+    line fitted to β_ii against the sublayer (measures: own_dependency_change@init). Holds when, in
+    every seed, Pre-LN's falls by at least 0.1 (each sublayer leans more on what came before: the
+    paper's 0.45 → 0.3) and Post-LN's changes by at most half as much either way (flat); partly
+    when Pre-LN's falls further than Post-LN's in every seed; otherwise it does not hold."""
+    at = dict(recipe="admin_dependency", depth=18)
+    pre = ev.value("own_dependency_change@init", group="preln", **at)
+    post = ev.value("own_dependency_change@init", group="postln_warmup", **at)
+    falls = every(pre <= -0.1)
+    flat = every(compare(post.abs(), pre.abs(), lambda a, b: a <= 0.5 * b))
+    measured = f"β_ii from sublayer 2 to the top at init: Post-LN {over_seeds(post, 2)}, Pre-LN {over_seeds(pre, 2)}"
+    return (HOLDS if falls and flat else PARTLY if every(compare(pre, post, operator.lt)) else DOES_NOT_HOLD), measured
+
+
+def _dependency_trained(ev: Evidence):
+    """After training, at 18L: the encoder's mean β_ii. Holds when, in every seed, Pre-LN's has
+    risen from its value at init (the share of the residual shrinks) and stays below Post-LN's (Pre-LN
+    still leans more on the residual); partly when it is below Post-LN's in every seed but has not
+    risen; otherwise it does not hold."""
+    at = dict(recipe="admin_dependency", depth=18)
+    pre_init = ev.value("own_dependency@init", group="preln", **at)
+    pre_end = ev.value("own_dependency@end", group="preln", **at)
+    post_end = ev.value("own_dependency@end", group="postln_warmup", **at)
+    shrinks = every(compare(pre_end, pre_init, operator.gt))
+    below = every(compare(pre_end, post_end, operator.lt))
+    measured = (f"β_ii after training: Pre-LN {over_seeds(pre_end, 2)} (at init {over_seeds(pre_init, 2)}), "
+                f"Post-LN {over_seeds(post_end, 2)}")
+    return (HOLDS if shrinks and below else PARTLY if below else DOES_NOT_HOLD), measured
+
+
+def _adjacent(ev: Evidence):
+    """At init, at 18L: how alike two adjacent sublayers' outputs are, as the cosine of their rows
+    of β (measures: adjacent_similarity@init, the mean over the encoder; for parts that are near
+    orthogonal and carried along in their direction it is the correlation of the two outputs).
+    Holds when, in every seed, Pre-LN's is at least 0.9 ("adding a layer is like widening") and
+    above Post-LN's; partly when it is above Post-LN's in every seed; otherwise it does not hold."""
+    at = dict(recipe="admin_dependency", depth=18)
+    pre = ev.value("adjacent_similarity@init", group="preln", **at)
+    post = ev.value("adjacent_similarity@init", group="postln_warmup", **at)
+    above = every(compare(pre, post, operator.gt))
+    measured = f"adjacent sublayers' similarity at init: Pre-LN {over_seeds(pre, 2)}, Post-LN {over_seeds(post, 2)}"
+    return (HOLDS if above and every(pre >= 0.9) else PARTLY if above else DOES_NOT_HOLD), measured
+
+
+def _adam_balance(ev: Evidence):
+    """In Post-LN at 18L-18L under Adam, at update 30: how far the sizes of the sublayers'
+    gradients and of their relative updates spread, each as log10(largest / smallest) over every
+    sublayer (measures: grad_log_range@30, update_log_range@30). Not shown unless the gradients
+    spread by at least 10x (log range ≥ 1) in every seed. Holds when the updates' range is at most
+    half the gradients' in every seed (Adam evens them out); partly when it is smaller in every
+    seed; otherwise it does not hold."""
+    at = dict(recipe="deepnet_early", group="postln", depth=18)
+    grads, updates = ev.value("grad_log_range@30", **at), ev.value("update_log_range@30", **at)
+    measured = f"log10 range over sublayers at update 30: gradients {over_seeds(grads, 2)}, relative updates {over_seeds(updates, 2)}"
+    if not every(grads >= 1):
+        return NOT_SHOWN, measured + (" (the gradients do not spread 10x)" if len(grads) else "")
+    half = every(compare(updates, grads, lambda u, g: u <= 0.5 * g))
+    return (HOLDS if half else PARTLY if every(compare(updates, grads, operator.lt)) else DOES_NOT_HOLD), measured
+
+
 BETAS = ["[0.9,0.99]", "[0.9,0.995]", "[0.9,0.999]"]
 GRID = grid(**{"optim.betas": BETAS, "train.lr": ["1e-4", "2e-4", "3e-4", "4e-4", "5e-4"]})
 # At the paper's scale the grid runs on translation (task=multi30k on the command line).
 GRID_PAPER = grid(**{"optim.betas": BETAS, "task": ["multi30k"], "train.lr": ["1e-4", "2e-4", "3e-4", "4e-4", "5e-4"]})
 
 
+def _failed_settings(ev: Evidence, recipe: str, group: str, settings) -> set:
+    """The settings in which most of the group's runs failed: diverged, or ended no better than the
+    input-blind rule (measures.with_outcome), both of which Table 1 counts as a failure."""
+    runs = ev.runs(recipe=recipe, group=group, depth=6, setting=settings)
+    failed = runs.groupby("setting").trained.apply(lambda t: (t == 0).sum() > len(t) / 2)
+    return set(failed[failed].index)
+
+
 def _grid(recipe, settings):
     def criterion(ev: Evidence):
-        """Over the paper's 15 (lr, β₂) settings without warm-up, a run diverged or not by the tool's rule
-        (methods.md); a setting counts as diverged when any of its runs did. Holds when Post-LN
-        diverges in at least 5 (a third) while Pre-LN and Admin diverge in none; partly otherwise when
-        Post-LN diverges in more settings than each of the other two; it does not hold when Post-LN
-        diverges in no more settings than Pre-LN or Admin."""
-        counts = {}
-        for g in paper.ADMIN_GRID_DIVERGED:
-            runs = ev.runs(recipe=recipe, group=g, depth=6, setting=settings)
-            counts[g] = int(runs.loc[runs.status == "diverged"].setting.nunique())
-        measured = ", ".join(f"{g} {n} of 15 diverged" for g, n in counts.items())
+        """Over the paper's 15 (lr, β₂) settings without warm-up, a setting fails for a group when most
+        of its seeds fail: diverge by the tool's rule (methods.md) or end no better than the
+        input-blind rule. Holds when Post-LN fails in at least 5 (a third) while Pre-LN and Admin fail
+        in none; partly otherwise when Post-LN fails in more settings than each of the other two; it
+        does not hold when Post-LN fails in no more settings than Pre-LN or Admin."""
+        counts = {g: len(_failed_settings(ev, recipe, g, settings)) for g in paper.ADMIN_GRID_DIVERGED}
+        measured = ", ".join(f"{g} fails in {n} of 15" for g, n in counts.items())
         if counts["postln"] >= 5 and counts["preln"] == counts["admin"] == 0:
             return HOLDS, measured
         more = counts["postln"] > max(counts["preln"], counts["admin"])
@@ -170,18 +259,42 @@ def _grid(recipe, settings):
     return criterion
 
 
+def _grid_beats(recipe, settings):
+    def criterion(ev: Evidence):
+        """Over the paper's 15 settings, those where Post-LN does not fail (`_grid`'s reading): in how
+        many Post-LN beats Pre-LN on the final eval loss (rules.beats: paired by seed, lower in a
+        majority of seeds and on the mean by more than the noise of the difference). Not shown when
+        Post-LN fails in every setting. Holds when it beats Pre-LN in at least 7/8 of them (the
+        paper's 7 of 8); partly when in more than half; otherwise it does not hold."""
+        failed = _failed_settings(ev, recipe, "postln", settings)
+        kept = [s for s in settings if s not in failed]
+        wins = sum(beats(ev.value("final_eval_loss", recipe=recipe, group="postln", depth=6, setting=s),
+                         ev.value("final_eval_loss", recipe=recipe, group="preln", depth=6, setting=s), False)
+                   for s in kept)
+        measured = f"Post-LN converges in {len(kept)} of 15 and beats Pre-LN in {wins} of them"
+        if not kept:
+            return NOT_SHOWN, measured
+        return (HOLDS if wins >= 7 / 8 * len(kept) else PARTLY if wins > len(kept) / 2 else DOES_NOT_HOLD), measured
+    return criterion
+
+
+REZEROS = ("rezero", "rezero_postln")
+
+
 def _rezero(ev: Evidence):
-    """Mean test BLEU over seeds at 6L on translation. Holds when ReZero's and ReZero-Post-LN's means
-    are both below every other group's and within 3 BLEU of the best ("1-2 BLEU below"); partly
-    when both are below the best group's but not every group's; otherwise it does not hold."""
-    runs = ev.runs(recipe="admin_rezero")
+    """Test BLEU at 6L on translation (the multi30k_table recipe, which admin_rezero's runs share).
+    Holds when each ReZero is beaten by every other group run there (rules.beats: paired by seed, higher in a majority of seeds and on the mean by more than the
+    noise of the difference) and its mean is within 3 BLEU of the best group's ("1-2 BLEU below");
+    partly when each is beaten by every other group but further below the best; otherwise, when
+    a ReZero is not beaten by some other group, it does not hold."""
+    runs = ev.runs(recipe="multi30k_table", depth=6)  # admin_rezero's runs are multi30k_table's recipe
     means = runs.groupby("group").test_bleu.mean()
-    ours = means[["rezero", "rezero_postln"]]
-    others = means.drop(["rezero", "rezero_postln"])
-    measured = ", ".join(f"{g} {over_seeds(ev.value('test_bleu', recipe='admin_rezero', group=g))}" for g in means.index)
-    if ours.max() < others.min() and others.max() - ours.min() <= 3:
-        return HOLDS, measured
-    return (PARTLY if ours.max() < others.max() else DOES_NOT_HOLD), measured
+    others = [g for g in means.index if g not in REZEROS]
+    bleu = {g: ev.value("test_bleu", recipe="multi30k_table", group=g, depth=6) for g in means.index}
+    below = all(beats(bleu[o], bleu[r], True) for r in REZEROS for o in others)
+    near = means[others].max() - means[list(REZEROS)].min() <= 3
+    measured = ", ".join(f"{g} {over_seeds(bleu[g])}" for g in means.index)
+    return (HOLDS if below and near else PARTLY if below else DOES_NOT_HOLD), measured
 
 
 def _admin_depths(ev: Evidence):
@@ -225,13 +338,15 @@ CLAIMS = [
           "R² 0.991 / 0.987 / 0.995", ADMIN_TINY + ", 6L-100L at init (across models)",
           "stabexp run experiment=admin_output_change",
           (Cells("admin_output_change", tuple(SHAPE), OUTPUT_CHANGE_DEPTHS, measures=("output_change", "sublayers")),), _theorem2,
-          "6-output-change-along-the-encoder-admin-theorem-2-fig-4"),
+          "6-output-change-along-the-encoder-admin-theorem-2-fig-4",
+          revised="2026-12-04: R² ≥ 0.95 in every seed asked more than the paper, which fits one curve averaged over samples; the averaged curve is fitted, and each seed must favour the paper's shape (does not hold at this scale → does not hold at this scale)."),
     Claim("admin-thm2-clinic", "Admin Theorem 2 / Fig. 4, Transformer-Clinic's protocol",
           "The same along one 100-layer encoder (200 sublayers) at d = 512",
           "R² 0.991 / 0.987 / 0.995; Post-LN / Pre-LN 13 at 200 sublayers", "one 100-layer encoder, d = 512, Multi30k batch, at init",
-          "stabexp run experiment=admin_clinic",
+          "stabexp run experiment=admin_clinic model=base seed=0,1,2",
           (Cells("admin_clinic", tuple(SHAPE), (100,), settings=("model=base",), measures=("clinic_linear_r2", "clinic_log_r2")),), _clinic,
-          "6-output-change-along-the-encoder-admin-theorem-2-fig-4"),
+          "6-output-change-along-the-encoder-admin-theorem-2-fig-4",
+          revised="2026-12-04, before its runs: as admin-thm2, the curve averaged over seeds is fitted and each seed must favour the paper's shape (not run → not run)."),
     Claim("xiong-w2-grad", "Xiong et al. 2020",
           "At init the last W_2's gradient is flat in depth for Post-LN and shrinks like L^−½ for Pre-LN",
           "log-log slope 0 / −0.5", ADMIN_TINY + ", 6L-100L at init",
@@ -259,7 +374,8 @@ CLAIMS = [
           (Cells("admin_hybrid", ("hybrid_postln_preln", "preln"), (18,), measures=("final_eval_loss",)),
            Cells("admin_grad_vanishing", ("hybrid_postln_preln",), (18,), measures=("decoder_bottom_gradient",))),
           _hybrid("admin_hybrid", 18, "final_eval_loss", False),
-          "15-fixing-the-vanishing-does-not-fix-the-training-admins-hybrid-table"),
+          "15-fixing-the-vanishing-does-not-fix-the-training-admins-hybrid-table",
+          revised="2026-12-04: \"partly\" for a hybrid that trains to 5 times Pre-LN's loss read a failure into a run that trains; the paper's hybrid diverges, so partly now needs some of its seeds to fail (partly → does not hold at this scale)."),
     Claim("admin-hybrid-multi30k", "Admin's hybrid table",
           "The same on translation",
           "fails at 18L", MULTI30K + ", 18L-18L",
@@ -267,7 +383,9 @@ CLAIMS = [
           (Cells("multi30k_table", ("hybrid_postln_preln", "preln"), (18,), measures=("test_bleu",)),
            Cells("admin_grad_vanishing", ("hybrid_postln_preln",), (18,), measures=("decoder_bottom_gradient",))),
           _hybrid("multi30k_table", 18, "test_bleu", True),
-          "15-fixing-the-vanishing-does-not-fix-the-training-admins-hybrid-table"),
+          "15-fixing-the-vanishing-does-not-fix-the-training-admins-hybrid-table",
+          revised="2026-12-04: as admin-hybrid, partly needs some of the hybrid's seeds to fail (not run → not run).",
+          cost="about 1.5-4.5 h here: four 18L-18L Multi30k runs (two more seeds of two groups) at 19-67 min each (docs/data/deepnet_cells.csv); one GPU: not measured, the GPU path has not run"),
     Claim("admin-dependency", "Admin Sec. 4.1",
           "Post-LN depends on its own branch, Pre-LN on all; Admin starts like Pre-LN and ends like Post-LN",
           "β_ii 0.45-0.6 / 0.45 → 0.3 at init", ADMIN_TINY + ", 18L-18L, 600 steps",
@@ -275,35 +393,72 @@ CLAIMS = [
           (Cells("admin_dependency", ("postln_warmup", "preln", "admin"), (18,),
                  measures=("own_dependency@init", "own_dependency@end")),), _dependency,
           "16-residual-dependency-admin-sec-41"),
+    Claim("admin-dependency-pattern", "Admin Sec. 4.1",
+          "At init Post-LN's dependency on its own branch is about constant along the stack, while Pre-LN's falls with the layer",
+          "β_ii 0.45-0.6 flat / 0.45 → 0.3 at init", ADMIN_TINY + ", 18L-18L at init",
+          "stabexp run experiment=admin_dependency depth=18 seed=0,1,2",
+          (Cells("admin_dependency", ("postln_warmup", "preln"), (18,), measures=("own_dependency_change@init",)),),
+          _dependency_pattern, "16-residual-dependency-admin-sec-41"),
+    Claim("admin-dependency-trained", "Admin Sec. 4.1",
+          "After training Pre-LN's dependency on the residual shrinks, but stays larger than Post-LN's",
+          "β_ii after training 0.35-0.45 / 0.45-0.65", ADMIN_TINY + ", 18L-18L, 600 steps",
+          "stabexp run experiment=admin_dependency depth=18 seed=0,1,2",
+          (Cells("admin_dependency", ("postln_warmup", "preln"), (18,), measures=("own_dependency@init", "own_dependency@end")),),
+          _dependency_trained, "16-residual-dependency-admin-sec-41"),
+    Claim("admin-adjacent-layers", "Admin Sec. 4.1",
+          "In Pre-LN adjacent layers are hardly distinguishable: adding a layer is like widening the last one",
+          "qualitative", ADMIN_TINY + ", 18L-18L at init",
+          "stabexp run experiment=admin_dependency depth=18 seed=0,1,2",
+          (Cells("admin_dependency", ("postln_warmup", "preln"), (18,), measures=("adjacent_similarity@init",)),),
+          _adjacent, "16-residual-dependency-admin-sec-41"),
+    Claim("admin-adam-balance", "Admin Sec. 3",
+          "Adam evens out the sizes of the layers' updates although their gradients differ widely",
+          "qualitative", ADMIN_TINY.replace("sort task", "sort task, Adam") + ", Post-LN 18L-18L, update 30",
+          "stabexp run experiment=deepnet_early group=postln seed=0,1,2",
+          (Cells("deepnet_early", ("postln",), (18,), measures=("grad_log_range@30", "update_log_range@30")),),
+          _adam_balance, "3-gradient-per-decoder-layer-deepnet-fig-4-v1"),
     Claim("admin-grid", "Admin's (lr, β₂) grid",
           "Without warm-up Post-LN diverges in 7 of 15 settings; Pre-LN and Admin in none",
-          "7 / 0 / 0 of 15", ADMIN_TINY + ", 6L-6L, RAdam, 300 steps, one run per setting as in the paper",
-          "stabexp run experiment=admin_grid",
-          (Cells("admin_grid", tuple(paper.ADMIN_GRID_DIVERGED), (6,), seeds=1, settings=tuple(GRID)),), _grid("admin_grid", GRID),
+          "7 / 0 / 0 of 15", ADMIN_TINY + ", 6L-6L, RAdam, 300 steps, three seeds per setting",
+          "stabexp run experiment=admin_grid seed=0,1,2 train.lr=1e-4,2e-4,3e-4,4e-4,5e-4",
+          (Cells("admin_grid", tuple(paper.ADMIN_GRID_DIVERGED), (6,), settings=tuple(GRID)),), _grid("admin_grid", GRID),
           "17-the-lr-beta2-grid-without-warm-up-admins-15-settings",
-          revised="2026-12-03, before its runs: a setting counts once however many of its runs diverged."),
+          revised="2026-12-03, before its runs: a setting counts once however many of its runs diverged. "
+                  "2026-12-04, before its runs: a run that stalls at the input-blind rule fails as one that diverges (Table 1 counts both), a setting fails when most of its three seeds do (not run → not run).",
+          cost="about 55 min here: 135 runs at the 24 s per run of admin_grid's cost line (90 runs in 36 min); one GPU: not measured, the GPU path has not run"),
+    Claim("admin-grid-beats", "Admin's (lr, β₂) grid",
+          "Where Post-LN converges it beats Pre-LN in 7 of the 8 settings",
+          "7 of 8", ADMIN_TINY + ", 6L-6L, RAdam, 300 steps, three seeds per setting",
+          "stabexp run experiment=admin_grid seed=0,1,2 train.lr=1e-4,2e-4,3e-4,4e-4,5e-4",
+          (Cells("admin_grid", ("postln", "preln"), (6,), settings=tuple(GRID), measures=("final_eval_loss",)),),
+          _grid_beats("admin_grid", GRID), "17-the-lr-beta2-grid-without-warm-up-admins-15-settings",
+          cost="about 55 min here, as admin-grid's; one GPU: not measured, the GPU path has not run"),
     Claim("admin-grid-paper", "Admin's (lr, β₂) grid, the paper's scale",
           "The same at d = 512 on real translation",
           "7 / 0 / 0 of 15", "6L-6L, d = 512, FFN 2048, Multi30k, 8000 updates (one GPU)",
           "stabexp run experiment=admin_grid scale=paper task=multi30k",
-          (Cells("admin_grid_paper", tuple(paper.ADMIN_GRID_DIVERGED), (6,), seeds=1, settings=tuple(GRID_PAPER)),),
+          (Cells("admin_grid_paper", tuple(paper.ADMIN_GRID_DIVERGED), (6,), settings=tuple(GRID_PAPER)),),
           _grid("admin_grid_paper", GRID_PAPER),
           "17-the-lr-beta2-grid-without-warm-up-admins-15-settings", paper_scale_only=True,
-          revised="2026-12-03, before its runs: a setting counts once however many of its runs diverged."),
+          revised="2026-12-03, before its runs: a setting counts once however many of its runs diverged. "
+                  "2026-12-04, before its runs: as admin-grid, stalls fail too and three seeds per setting (not run at the paper's scale → not run at the paper's scale).",
+          cost="needs a GPU: about 3 GPU-hours for three seeds, estimated as docs/presets.md estimates one seed's hour, not measured"),
     Claim("admin-rezero", "Admin's recipes (Transformer-Clinic)",
           "ReZero and ReZero-Post-LN land 1-2 BLEU below the other 6L-6L models",
           "34.66 against about 35.6", MULTI30K + ", 6L-6L",
           "stabexp run experiment=admin_rezero",
-          (Cells("admin_rezero", ("rezero", "rezero_postln", "postln_warmup", "admin"), (6,), measures=("test_bleu",)),), _rezero,
+          (Cells("multi30k_table", ("rezero", "rezero_postln", "postln_warmup", "admin"), (6,), measures=("test_bleu",)),), _rezero,
           "18-rezero-on-translation-admins-recipes",
-          revised="2026-12-03, after its runs were read (none diverged): a diverged run's BLEU counts 0 (the mean had skipped it); the verdict did not change."),
+          revised="2026-12-03, after its runs were read (none diverged): a diverged run's BLEU counts 0 (the mean had skipped it); the verdict did not change. "
+                  "2026-12-04: \"partly\" when both ReZeros were below the best group alone let them sit above Post-LN with warm-up, the opposite of the claim; each ReZero must now be beaten by every other group (rules.beats), and partly means only that it is further below than 3 BLEU; admin_rezero's runs are read as multi30k_table's, whose recipe they share, so every 6L group run there counts (partly → does not hold at this scale)."),
     Claim("admin-depths", "Admin (Liu et al. 2020)",
           "Admin beats both Post-LN and Pre-LN at 6, 12 and 18 layers",
           "Admin 27.9 / 28.8 at 6L / 18L (DeepNet Table 1)", MULTI30K + ", 6L-18L",
           "stabexp run experiment=multi30k_table group=postln,preln,admin depth=6,12,18 seed=0,1,2",
           (Cells("multi30k_table", ("admin", "preln", "postln"), (6, 12, 18), measures=("test_bleu",)),), _admin_depths,
           "19-admin-at-6-12-and-18-layers-on-translation",
-          revised="2026-12-03: Admin must train in every seed before any comparison, and a diverged run's BLEU counts 0 (the mean had skipped it)."),
+          revised="2026-12-03: Admin must train in every seed before any comparison, and a diverged run's BLEU counts 0 (the mean had skipped it).",
+          cost="about 4.3 h here: 16 runs at the 6.7 / 15.6 / 23 min means per depth of docs/data/deepnet_cells.csv; one GPU: not measured, the GPU path has not run"),
     Claim("admin-fold", "Transformer-Clinic's and admin-torch's READMEs",
           "After training, Admin can be reparameterised into the original Post-LN Transformer",
           "a statement", ADMIN_TINY + ", 6L-6L, 600 steps, the final weights kept",

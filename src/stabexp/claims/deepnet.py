@@ -10,7 +10,7 @@ import operator
 from stabexp import paper
 from stabexp.claims.registry import (DOES_NOT_HOLD, HOLDS, PARTLY, Cells, Claim, Evidence, compare, every, mean,
                                      over_seeds)
-from stabexp.claims.rules import best_within_noise, growth, log_slope_per_seed, outcome
+from stabexp.claims.rules import beats, best_by_seed, growth, log_slope_per_seed, outcome
 
 EARLY = ("postln", "postln_warmup", "postln_init")
 FIG5_DEPTHS = (6, 12, 18, 25, 50, 100)
@@ -27,22 +27,31 @@ def _early(ev: Evidence, recipe: str, measure: str):
     return {g: ev.value(measure, recipe=recipe, group=g, depth=18) for g in EARLY}
 
 
+# Post-LN-init "lowest" at update 29: at most this fraction of each other group's update, in every
+# seed. The paper's gap is 2x (10.4 against 21.6); 1/sqrt(2) is half of it on a log scale.
+LOWEST_BY = 2 ** -0.5
+
+
 def _fig4_update(recipe):
     def criterion(ev: Evidence):
         """Holds when, in every seed, Post-LN without warm-up moves the model at least 10 times as far
-        by update 2 as Post-LN with warm-up (the jump), and Post-LN-init's update at update 29 is
-        below Post-LN-with-warm-up's (the lowest of the three). Partly when one of the two holds in
-        every seed; otherwise it does not hold."""
+        by update 2 as Post-LN with warm-up (the jump), and Post-LN-init's update at update 29 is the
+        lowest of the three by a clear margin: at most 1/√2 (0.71) of each other group's, half the
+        paper's 2x gap (10.4 against 21.6) on a log scale. Partly when one of the two holds in every
+        seed; otherwise it does not hold."""
         at = dict(recipe=recipe, depth=18)
         post, warm = ev.value("model_update@2", group="postln", **at).align(
             ev.value("model_update@2", group="postln_warmup", **at), join="outer")
         jump = post / warm
         late = _early(ev, recipe, "model_update@29")
-        lowest = (compare(late["postln_init"], late["postln_warmup"], operator.lt)
-                  & compare(late["postln_init"], late["postln"], operator.lt))
+        below = lambda a, b: a <= LOWEST_BY * b  # noqa: E731
+        lowest = (compare(late["postln_init"], late["postln_warmup"], below)
+                  & compare(late["postln_init"], late["postln"], below))
         a, b = every(jump >= 10), every(lowest)
+        ratio = late["postln_init"] / late["postln_warmup"]
         measured = (f"update 2, Post-LN / with warm-up: {over_seeds(jump)}; update 29: with warm-up "
-                    f"{over_seeds(late['postln_warmup'])}, Post-LN-init {over_seeds(late['postln_init'])}")
+                    f"{over_seeds(late['postln_warmup'])}, Post-LN-init {over_seeds(late['postln_init'])} "
+                    f"(Post-LN-init / with warm-up {over_seeds(ratio, 2)})")
         return (HOLDS if a and b else PARTLY if a or b else DOES_NOT_HOLD), measured
     return criterion
 
@@ -68,11 +77,11 @@ def _fig4_grad(recipe):
     def criterion(ev: Evidence):
         """At update 30, the gradient norm of decoder layer 1 over that of the decoder's largest
         layer. Holds when, in every seed, Post-LN's is below 0.01 (vanished) and Post-LN-init's is at
-        least 10 times Post-LN's; partly when only Post-LN's is below 0.01; otherwise it does not
-        hold."""
+        least 0.1 (kept: the paper's 0.14 against 0.8 at layer 18 is 0.18); partly when only Post-LN's
+        vanishes; otherwise it does not hold."""
         r = _early(ev, recipe, "grad_bottom_over_top@30")
         vanished = every(r["postln"] < 0.01)
-        kept = every(compare(r["postln_init"], r["postln"], lambda a, b: a >= 10 * b))
+        kept = every(r["postln_init"] >= 0.1)
         measured = (f"layer 1 / largest layer at update 30: Post-LN {over_seeds(r['postln'])}, with warm-up "
                     f"{over_seeds(r['postln_warmup'])}, Post-LN-init {over_seeds(r['postln_init'])}")
         return (HOLDS if vanished and kept else PARTLY if vanished else DOES_NOT_HOLD), measured
@@ -83,11 +92,13 @@ def _fig4_grad(recipe):
 
 def _fig5(recipe, steps):
     def criterion(ev: Evidence):
-        """At each update of `steps` and in every seed: Post-LN (with warm-up)'s update grows at least
-        3 times from the shallowest to the deepest depth; DeepNorm's stays "nearly constant" (grows at
-        most 2 times); and DeepNorm's is at most a third of Post-LN's at every depth. Holds when all
-        three hold; partly when the first and third hold but DeepNorm's grows more than 2 times;
-        otherwise it does not hold."""
+        """At each update of `steps` and in every seed: DeepNorm's update is at most a third of
+        Post-LN (with warm-up)'s at every depth (the level gap of the figure: 0.001-0.007 against
+        0.017-0.47), and Post-LN's grows at least 3 times from the shallowest to the deepest depth.
+        Holds when both hold at every update; partly when the level gap holds at every update but
+        Post-LN's growth does not; otherwise it does not hold. DeepNorm's own growth is reported and
+        not judged: "nearly constant" is against Post-LN's scale, and the paper's own read-offs rise
+        7 times."""
         post_growth, deep_growth, below = [], [], []
         for k in steps:
             m = f"model_update@{k}"
@@ -98,13 +109,12 @@ def _fig5(recipe, steps):
                     ev.value(m, recipe=recipe, group="postln_warmup", depth=d), join="outer")
                 below.append(deep / post)
         grows = all(every(g >= 3) for g in post_growth)
-        flat = all(every(g <= 2) for g in deep_growth)
         under = all(every(r <= 1 / 3) for r in below)
         worst = max(r.max() for r in below)
         measured = "; ".join(f"update {k}: {FIG5_DEPTHS[0]}L→{FIG5_DEPTHS[-1]}L Post-LN ×{over_seeds(p, 2)}, DeepNorm ×{over_seeds(d, 2)}"
                              for k, p, d in zip(steps, post_growth, deep_growth))
         measured += f"; DeepNorm / Post-LN at most {worst:.2f}"
-        return (HOLDS if grows and flat and under else PARTLY if grows and under else DOES_NOT_HOLD), measured
+        return (HOLDS if grows and under else PARTLY if under else DOES_NOT_HOLD), measured
     return criterion
 
 
@@ -142,29 +152,61 @@ def _table1(recipe, depths, groups):
 def _fig6(recipe, depths, groups, measure, higher_is_better):
     def criterion(ev: Evidence):
         """DeepNet Fig. 6 on the recipe's metric: (a) DeepNorm trains at every depth in every seed;
-        (b) at the deepest depth it is the best of every group run there (no group's mean beats
-        its mean by more than the larger of the two groups' seed standard deviations); (c) its mean
-        at the deepest depth is no worse than at the shallowest, by more than its standard deviation
-        there; (d) Post-LN fails at every depth from 18L on. Holds when all four hold; partly when
-        (a) and (d) hold; otherwise it does not hold."""
+        (b) at the deepest depth no group run there beats it (rules.beats: paired by seed, better in
+        a majority of seeds and on the mean by more than the noise of the difference); (c) it gains
+        with depth: its deepest runs beat its shallowest by the same test; (d) Post-LN fails at every
+        depth from 18L on. Holds when all four hold; partly when (a) and (d) hold; otherwise it does
+        not hold."""
         deep, shallow = max(depths), min(depths)
         trains = all(outcome(ev, recipe, "deepnorm", d) == "trains" for d in depths)
-        best = best_within_noise(ev, recipe, deep, "deepnorm", measure, higher_is_better)
+        best = best_by_seed(ev, recipe, deep, "deepnorm", measure, higher_is_better)
         at_deep = ev.value(measure, recipe=recipe, group="deepnorm", depth=deep)
         at_shallow = ev.value(measure, recipe=recipe, group="deepnorm", depth=shallow)
-        sign = 1 if higher_is_better else -1
-        sd = at_deep.std() if len(at_deep) > 1 else 0.0
-        holds_up = sign * (mean(at_deep) - mean(at_shallow)) >= -sd
+        holds_up = beats(at_deep, at_shallow, higher_is_better)
         postln = all(outcome(ev, recipe, "postln", d) == "fails" for d in depths if d >= 18)
         name = "BLEU" if higher_is_better else "loss"
         measured = (f"DeepNorm {name} {shallow}L {over_seeds(at_shallow)} → {deep}L {over_seeds(at_deep)}; "
                     f"rank {best['rank']} of {best['of']} at {deep}L"
                     + (f" (beaten by {', '.join(best['beaten_by'])})" if best["beaten_by"] else "")
+                    + f"; {'gains' if holds_up else 'no gain'} with depth"
                     + f"; Post-LN from 18L: {'fails' if postln else 'trains somewhere'}")
         if trains and best["best"] and holds_up and postln:
             return HOLDS, measured
         return (PARTLY if trains and postln else DOES_NOT_HOLD), measured
     return criterion
+
+
+def _best_from(recipe, depths, measure, higher_is_better, from_depth=18):
+    def criterion(ev: Evidence):
+        """DeepNet Table 1's "best from 18 layers on": at each depth run from 18L on, no group run
+        there beats DeepNorm (rules.beats: paired by seed, better in a majority of seeds and on the
+        mean by more than the noise of the difference). Holds at every such depth; partly at some;
+        otherwise it does not hold."""
+        deep = [d for d in depths if d >= from_depth]
+        best = {d: best_by_seed(ev, recipe, d, "deepnorm", measure, higher_is_better) for d in deep}
+        measured = "; ".join(f"{d}L rank {b['rank']} of {b['of']}"
+                             + (f", beaten by {', '.join(b['beaten_by'])}" if b["beaten_by"] else ", not beaten")
+                             for d, b in best.items())
+        n = sum(b["best"] for b in best.values())
+        return (HOLDS if n == len(deep) else PARTLY if n else DOES_NOT_HOLD), measured
+    return criterion
+
+
+def _fig3(ev: Evidence):
+    """DeepNet Fig. 3 at 18L-18L: Post-LN-init's gradient is the larger and it still converges
+    better. Holds when, in every seed, Post-LN-init's mean gradient norm over the probe steps is
+    above Post-LN-with-warm-up's, and Post-LN-init beats it on the final eval loss (rules.beats:
+    paired by seed, lower in a majority of seeds and on the mean by more than the noise of the
+    difference); partly when one of the two holds; otherwise it does not hold."""
+    at = dict(recipe="deepnet_early", depth=18)
+    grad = {g: ev.value("grad_norm_mean", group=g, **at) for g in ("postln_warmup", "postln_init")}
+    loss = {g: ev.value("final_eval_loss", group=g, **at) for g in ("postln_warmup", "postln_init")}
+    larger = every(compare(grad["postln_init"], grad["postln_warmup"], operator.gt))
+    better = beats(loss["postln_init"], loss["postln_warmup"], higher_is_better=False)
+    measured = (f"mean gradient norm: with warm-up {over_seeds(grad['postln_warmup'])}, Post-LN-init "
+                f"{over_seeds(grad['postln_init'])}; final loss: with warm-up {over_seeds(loss['postln_warmup'])}, "
+                f"Post-LN-init {over_seeds(loss['postln_init'])}")
+    return (HOLDS if larger and better else PARTLY if larger or better else DOES_NOT_HOLD), measured
 
 
 # --- deep decoder-only models, Fig. 8, 1,000 layers ----------------------------------------
@@ -238,24 +280,34 @@ def _robustness(ev: Evidence):
 
 # --- Theorems 4.1 and 4.3: the bound on the model update ----------------------------------
 
-def _bound(recipe, depths):
+def _bound(recipe, depths, exponent):
     def criterion(ev: Evidence):
-        """The bound (operator-norm reading) over the measured relative update at every probe step of
-        every run must be ≥ 1. Holds when it is, and in every seed DeepNorm's bound at step 1 grows at
-        most 2 times from the shallowest to the deepest depth (held down, as its constants are chosen
-        to make it) while Post-LN's grows at least twice as much as DeepNorm's. Partly when the bound
-        holds and Post-LN's grows more than DeepNorm's in every seed; it does not hold when the bound
-        is broken anywhere."""
+        """(a) The bound (operator-norm reading) over the measured relative update is ≥ 1 at every
+        probe step of every run: a check of the measurement, which operator norms make all but
+        certain; broken anywhere, the claim does not hold. (b) At every depth and in every seed
+        DeepNorm's bound at step 1 is below Post-LN's. (c) From the shallowest to the deepest depth
+        Post-LN's bound grows at least twice as much as DeepNorm's, and DeepNorm's grows no faster
+        than 1.25 (N_deep / N_shallow)^p: its constants shrink each term like N^(-1/2) (p = 1/2 for one
+        stack; the encoder's terms carried by the cross-attentions make it 5/8 for an encoder-decoder),
+        so with Adam's depth-independent step the sum cannot be held flatter than N^p. Holds when (a),
+        (b) and (c) hold; partly when (a) holds and Post-LN's grows more than DeepNorm's in every
+        seed; otherwise it does not hold."""
         runs = ev.runs(recipe=recipe)
         floor = runs.bound_min_ratio.min()
         post = growth(ev, recipe, "postln", "bound@1", depths)
         deep = growth(ev, recipe, "deepnorm", "bound@1", depths)
+        allowed = 1.25 * (max(depths) / min(depths)) ** exponent
+        below = all(every(compare(ev.value("bound@1", recipe=recipe, group="deepnorm", depth=d),
+                                  ev.value("bound@1", recipe=recipe, group="postln", depth=d), operator.lt))
+                    for d in depths)
         measured = (f"bound / update ≥ {floor:.2f}; bound at step 1, {min(depths)}L→{max(depths)}L: "
-                    f"Post-LN ×{over_seeds(post, 2)}, DeepNorm ×{over_seeds(deep, 2)}")
+                    f"Post-LN ×{over_seeds(post, 2)}, DeepNorm ×{over_seeds(deep, 2)} "
+                    f"(N^{exponent:g} gives ×{(max(depths) / min(depths)) ** exponent:.2f}); "
+                    f"DeepNorm below Post-LN at every depth: {'yes' if below else 'no'}")
         if not floor >= 1:
             return DOES_NOT_HOLD, measured
         faster = every(compare(post, deep, operator.gt))
-        if every(deep <= 2) and every(compare(post, deep, lambda a, b: a >= 2 * b)):
+        if below and every(deep <= allowed) and every(compare(post, deep, lambda a, b: a >= 2 * b)):
             return HOLDS, measured
         return (PARTLY if faster else DOES_NOT_HOLD), measured
     return criterion
@@ -271,14 +323,16 @@ CLAIMS = [
           "29.3 at update 2; 21.6 / 10.4 at update 29", TINY_SORT + ", 18L-18L",
           "stabexp run experiment=deepnet_early seed=0,1,2",
           (Cells("deepnet_early", EARLY, (18,), measures=("model_update@2", "model_update@29")),), _fig4_update("deepnet_early"), "1-early-model-update-at-18l-18l-deepnet-fig-4-v1",
-          revised="2026-12-03, after the three-seed runs were read: the code compared Post-LN-init with warm-up only, while the rule says the lowest of the three; it now compares with both (the verdict did not change)."),
+          revised="2026-12-03, after the three-seed runs were read: the code compared Post-LN-init with warm-up only, while the rule says the lowest of the three; it now compares with both (the verdict did not change). "
+                  "2026-12-04: \"lowest\" was a strict < that one seed passed by 0.2%; it is now a margin of 1/√2, half the paper's 2x gap on a log scale (partly → does not hold at this scale)."),
     Claim("deepnet-fig4-update-paper", "DeepNet Fig. 4 (v1), the paper's protocol",
           "The same, at d = 512 with the paper's recipe on real text",
           "29.3 at update 2; 21.6 / 10.4 at update 29", "18L-18L, d = 512, the paper's Table 4 recipe, Multi30k",
           "stabexp run experiment=deepnet_early_paper seed=0,1,2",
           (Cells("deepnet_early_paper", EARLY, (18,), measures=("model_update@2", "model_update@29")),), _fig4_update("deepnet_early_paper"),
           "1-early-model-update-at-18l-18l-deepnet-fig-4-v1",
-          revised="2026-12-03: as deepnet-fig4-update, the code brought to its rule (lowest of the three)."),
+          revised="2026-12-03: as deepnet-fig4-update, the code brought to its rule (lowest of the three). 2026-12-04: as deepnet-fig4-update, a margin of 1/√2 (not run → not run).",
+          cost="about 3-4 h here: deepnet_early_paper's one seed took 76 min 50 s on 2026-11-30 with other work sharing the cores; one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-fig4-ln", "DeepNet Fig. 4 (v1)",
           "Post-LN's LayerNorm inputs grow without warm-up, stay flat with it and with Post-LN-init",
           "FFN LN input 23.8 → 30.2 (×1.27); flat otherwise", TINY_SORT + ", 18L-18L",
@@ -288,24 +342,29 @@ CLAIMS = [
           "The same, at d = 512 with the paper's recipe on real text",
           "FFN LN input 23.8 → 30.2 (×1.27); flat otherwise", "18L-18L, d = 512, the paper's Table 4 recipe, Multi30k",
           "stabexp run experiment=deepnet_early_paper seed=0,1,2",
-          (Cells("deepnet_early_paper", EARLY, (18,), measures=("ln_input_growth@30",)),), _fig4_ln("deepnet_early_paper"), "2-layernorm-input-norms-deepnet-fig-4-v1"),
+          (Cells("deepnet_early_paper", EARLY, (18,), measures=("ln_input_growth@30",)),), _fig4_ln("deepnet_early_paper"), "2-layernorm-input-norms-deepnet-fig-4-v1",
+          cost="about 3-4 h here, as deepnet-fig4-update-paper's; one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-fig4-grad", "DeepNet Fig. 4 (v1)",
           "Post-LN's gradient vanishes in the lower decoder layers; Post-LN-init keeps it",
           "about 0 at layer 1, 0.2 at layer 18; Post-LN-init 0.14 / 0.8", TINY_SORT + ", 18L-18L",
           "stabexp run experiment=deepnet_early seed=0,1,2",
-          (Cells("deepnet_early", EARLY, (18,), measures=("grad_bottom_over_top@30",)),), _fig4_grad("deepnet_early"), "3-gradient-per-decoder-layer-deepnet-fig-4-v1"),
+          (Cells("deepnet_early", EARLY, (18,), measures=("grad_bottom_over_top@30",)),), _fig4_grad("deepnet_early"), "3-gradient-per-decoder-layer-deepnet-fig-4-v1",
+          revised="2026-12-04: \"Post-LN-init at least 10 times Post-LN's\" could not fail against a Post-LN ratio of 6e-8; Post-LN-init's own ratio must now reach 0.1 (the paper's 0.18) (holds → holds)."),
     Claim("deepnet-fig4-grad-paper", "DeepNet Fig. 4 (v1), the paper's protocol",
           "The same, at d = 512 with the paper's recipe on real text",
           "about 0 at layer 1, 0.2 at layer 18; Post-LN-init 0.14 / 0.8", "18L-18L, d = 512, the paper's Table 4 recipe, Multi30k",
           "stabexp run experiment=deepnet_early_paper seed=0,1,2",
           (Cells("deepnet_early_paper", EARLY, (18,), measures=("grad_bottom_over_top@30",)),), _fig4_grad("deepnet_early_paper"),
-          "3-gradient-per-decoder-layer-deepnet-fig-4-v1"),
+          "3-gradient-per-decoder-layer-deepnet-fig-4-v1",
+          revised="2026-12-04: as deepnet-fig4-grad, Post-LN-init's ratio at least 0.1 (not run → not run).",
+          cost="about 3-4 h here, as deepnet-fig4-update-paper's; one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-fig5", "DeepNet Fig. 5 (v1)",
           "The early model update grows with depth for Post-LN and stays nearly constant for DeepNorm, far below it",
           "Post-LN 0.017 → 0.09-0.47; DeepNorm 0.001 → 0.007 (6L → 100L)", TINY_SORT + ", 6L-100L, updates 1 and 10",
           "stabexp run experiment=deepnet_depth seed=0,1,2",
           (Cells("deepnet_depth", ("postln_warmup", "deepnorm"), FIG5_DEPTHS, measures=("model_update@1", "model_update@10")),), _fig5("deepnet_depth", (1, 10)),
-          "4-model-update-against-depth-deepnet-fig-5-v1"),
+          "4-model-update-against-depth-deepnet-fig-5-v1",
+          revised="2026-12-04: DeepNorm \"at most 2x from 6L to 100L\" was stricter than the figure, whose own read-offs rise 7x; the claim is the level gap and Post-LN's growth, and DeepNorm's growth is reported (does not hold at this scale → does not hold at this scale)."),
     Claim("deepnet-fig5-paper", "DeepNet Fig. 5 (v1), the paper's protocol",
           "The same with the paper's recipe on real text, updates 1, 10 and 30",
           "Post-LN 0.017 → 0.09-0.47; DeepNorm 0.001 → 0.007 (6L → 100L)",
@@ -313,7 +372,9 @@ CLAIMS = [
           "stabexp run experiment=deepnet_depth_paper seed=0,1,2",
           (Cells("deepnet_depth_paper", ("postln_warmup", "deepnorm"), FIG5_DEPTHS,
                  measures=("model_update@1", "model_update@10", "model_update@30")),),
-          _fig5("deepnet_depth_paper", (1, 10, 30)), "4-model-update-against-depth-deepnet-fig-5-v1"),
+          _fig5("deepnet_depth_paper", (1, 10, 30)), "4-model-update-against-depth-deepnet-fig-5-v1",
+          revised="2026-12-04: as deepnet-fig5, DeepNorm's growth reported, not judged (not run → not run).",
+          cost="about 70 min here: deepnet_depth_paper's one seed took 23 min 5 s on 2026-11-30; one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-table1-synthetic", "DeepNet Table 1",
           "The Post-LN family fails as depth grows, each method at the depth the table gives; DeepNet trains at every depth",
           "DeepNet 27.8 / 28.8 / 29.0 BLEU at 6L / 18L / 50L; Post-LN diverges from 18L", TINY_SORT + ", 6L-50L, 300 steps",
@@ -326,15 +387,17 @@ CLAIMS = [
           "stabexp run experiment=multi30k_table seed=0,1,2",
           (Cells("multi30k_table", ("postln", "postln_warmup", "admin", "preln", "deepnorm"), (6, 18), measures=("test_bleu",)),),
           _table1("multi30k_table", (6, 18), ("postln", "postln_warmup", "admin", "preln", "deepnorm")),
-          "10-depth-on-real-translation-deepnet-table-1-multi30k"),
+          "10-depth-on-real-translation-deepnet-table-1-multi30k",
+          cost="about 4.5 h here: two more seeds of multi30k_table, whose one seed took 2 h 13 min on 2026-11-30; one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-fig6-synthetic", "DeepNet Fig. 6",
-          "DeepNet trains at every depth and is the best method from 50L on; Post-LN fails from 20L",
+          "DeepNet trains at every depth, gains with depth and is the best method from 50L on; Post-LN fails from 20L",
           "DeepNet 29.9 → 31.7 BLEU (10L → 100L), best from 50L; Post-LN 0 from 20L", TINY_SORT + ", 6L-50L, 300 steps",
           "stabexp run experiment=depth_table group=deepnorm,admin,postln,preln,ds_init,rezero,fixup,t_fixup,dlcl,normformer depth=6,18,50 seed=0,1,2",
           (Cells("depth_table", FIG6_GROUPS, SYNTHETIC_DEPTHS, measures=("final_eval_loss",)),),
           _fig6("depth_table", SYNTHETIC_DEPTHS, FIG6_GROUPS, "final_eval_loss", False),
           "23-bleu-against-depth-for-every-method-deepnet-fig-6",
-          revised="2026-12-03, before its three-seed cells were complete: DeepNorm is compared with every group run at the deepest depth, not only the groups of Fig. 6, as a comparative rule must."),
+          revised="2026-12-03, before its three-seed cells were complete: DeepNorm is compared with every group run at the deepest depth, not only the groups of Fig. 6, as a comparative rule must. "
+                  "2026-12-04: \"beaten\" meant a lead beyond the larger of two seed sds, which DeepNorm's own spread covered (it held at rank 6 of 11); it is now the paired test of rules.beats, and \"no worse than at 6L\" is now a gain with depth by the same test (holds → partly)."),
     Claim("deepnet-fig6-multi30k", "DeepNet Fig. 6",
           "The same on translation (BLEU), at 6L-18L",
           "DeepNet 29.9 → 31.7 BLEU (10L → 100L); Pre-LN 29.6 → 24.2; Post-LN 0 from 20L", MULTI30K + ", 6L-18L",
@@ -344,14 +407,36 @@ CLAIMS = [
           _fig6("multi30k_table", (6, 12, 18), ("deepnorm", "admin", "postln", "preln", "rezero", "fixup", "t_fixup"),
                 "test_bleu", True),
           "23-bleu-against-depth-for-every-method-deepnet-fig-6",
-          revised="2026-12-03: as deepnet-fig6-synthetic, every group run at the deepest depth."),
+          revised="2026-12-03: as deepnet-fig6-synthetic, every group run at the deepest depth. 2026-12-04: as deepnet-fig6-synthetic, the paired test and a gain with depth (not run → not run).",
+          cost="about 11 h here: deepnet_bleu_depth's estimated 5 h 20 min per seed (docs/presets.md) for the two seeds not yet run; one GPU: not measured, the GPU path has not run"),
+    Claim("deepnet-table1-best", "DeepNet Table 1",
+          "DeepNet is the best method from 18 layers on",
+          "DeepNet 28.8 / 29.0 / 28.9 BLEU at 18L / 50L / 100L, the top of each column", TINY_SORT + ", 18L and 50L, 300 steps",
+          "stabexp run experiment=depth_table group=postln,postln_warmup,ds_init,admin,rezero,fixup,t_fixup,preln,dlcl,normformer,deepnorm depth=6,18,50 seed=0,1,2",
+          (Cells("depth_table", TABLE1_GROUPS, SYNTHETIC_DEPTHS, measures=("final_eval_loss",)),),
+          _best_from("depth_table", SYNTHETIC_DEPTHS, "final_eval_loss", False), "5-depth-on-the-synthetic-task-deepnet-table-1"),
+    Claim("deepnet-table1-best-multi30k", "DeepNet Table 1",
+          "The same on translation (BLEU), at 18L",
+          "DeepNet 28.8 BLEU at 18L, the top of its column", MULTI30K + ", 18L",
+          "stabexp run experiment=deepnet_bleu_depth depth=18 seed=0,1,2",
+          (Cells("multi30k_table", ("deepnorm", "admin", "postln", "preln", "rezero", "fixup", "t_fixup"), (18,),
+                 measures=("test_bleu",)),),
+          _best_from("multi30k_table", (18,), "test_bleu", True), "10-depth-on-real-translation-deepnet-table-1-multi30k",
+          cost="about 5.4 h here: 14 runs (two more seeds of 7 groups) × the 23 min mean of the 18L runs in docs/data/deepnet_cells.csv; one GPU: not measured, the GPU path has not run"),
+    Claim("deepnet-fig3", "DeepNet Fig. 3",
+          "Post-LN-init has the larger gradient than Post-LN with warm-up and still converges better: the gradient norm does not tell stability",
+          "Fig. 3(a)-(c), curves", TINY_SORT + ", 18L-18L, 300 steps",
+          "stabexp run experiment=deepnet_early group=postln_warmup,postln_init seed=0,1,2",
+          (Cells("deepnet_early", ("postln_warmup", "postln_init"), (18,), measures=("grad_norm_mean", "final_eval_loss")),),
+          _fig3, "1-early-model-update-at-18l-18l-deepnet-fig-4-v1"),
     Claim("deepnet-table1-paper", "DeepNet Table 1 and Fig. 6, the paper's scale",
           "At 50L-100L on real translation with d = 512, DeepNet trains and is the best; the Post-LN family diverges",
           "DeepNet 29.0 / 28.9 BLEU at 50L / 100L", "d = 512, FFN 2048, Multi30k, 50L and 100L, 8000 updates (one GPU)",
           "stabexp run experiment=multi30k_table scale=paper seed=0,1,2",
           (Cells("multi30k_table_paper", ("postln_warmup", "admin", "preln", "deepnorm"), (50, 100), measures=("test_bleu",)),),
           _table1("multi30k_table_paper", (50, 100), ("postln_warmup", "admin", "preln", "deepnorm")),
-          "10-depth-on-real-translation-deepnet-table-1-multi30k", paper_scale_only=True),
+          "10-depth-on-real-translation-deepnet-table-1-multi30k", paper_scale_only=True,
+          cost="needs a GPU: about 7 GPU-hours estimated from 6 × parameters × tokens at 100 TFLOP/s (docs/presets.md), not measured"),
     Claim("deepnet-lm-100", "DeepNet Sec. 2.3",
           "DeepNorm's decoder-only constants train a 100-layer decoder-only model where Post-LN does not",
           "no number", LM + ", 100 layers",
@@ -364,37 +449,45 @@ CLAIMS = [
           "stabexp run experiment=deepnet_depth_law group=deepnorm depth=6,18,50,100,200 seed=0,1,2",
           (Cells("lm_depth", ("deepnorm",), (6, 18, 50, 100, 200), measures=("final_eval_loss",)),), _depth_law("lm_depth", (6, 18, 50, 100, 200)),
           "22-deeper-is-better-deepnet-fig-8s-law",
-          revised="2026-12-03, before its seeds were run: the fit reads every depth run (500 and 1,000 layers when they exist), so that the rule's 1,000-layer condition can be met."),
+          revised="2026-12-03, before its seeds were run: the fit reads every depth run (500 and 1,000 layers when they exist), so that the rule's 1,000-layer condition can be met.",
+          cost="about 45 min here: depths 6-200 of deepnet_depth_law took 44 min 51 s for one seed of its two groups on 2026-12-01; one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-1000-layers", "DeepNet's title",
           "A 1,000-layer Transformer (500L-500L, 2,500 sublayers) trains, to the best quality of the paper's models",
           "32.1 BLEU at 1,000 layers (OPUS-100), its best", TINY_SORT + ", 500L-500L, 200 steps",
           "stabexp run experiment=deepnet_1000_layers seed=0,1,2",
           (Cells("deepnet_1000_layers", ("deepnorm", "postln", "postln_warmup"), (500,),
                  measures=("final_eval_loss", "final_eval_acc")),),
-          _trains_where_postln_fails("deepnet_1000_layers", 500, solve_acc=0.9), "21-a-thousand-layers-deepnets-title"),
+          _trains_where_postln_fails("deepnet_1000_layers", 500, solve_acc=0.9), "21-a-thousand-layers-deepnets-title",
+          cost="about 3.2 h here: two more seeds of deepnet_1000_layers, whose one seed took about 97 min (its cost line); one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-1000-layers-lm", "DeepNet's title, decoder-only",
           "A 1,000-layer decoder-only model trains with DeepNorm",
           "no number", LM.replace("500 steps", "200 steps") + ", 1,000 layers",
           "stabexp run experiment=lm_1000_layers seed=0,1,2",
           (Cells("lm_1000_layers", ("deepnorm", "postln", "postln_warmup"), (1000,), measures=("final_eval_loss",)),),
-          _trains_where_postln_fails("lm_1000_layers", 1000), "21-a-thousand-layers-deepnets-title"),
+          _trains_where_postln_fails("lm_1000_layers", 1000), "21-a-thousand-layers-deepnets-title",
+          cost="about 3.2 h here: two more seeds of lm_1000_layers, whose one seed took about 97 min (its cost line); one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-fig7", "DeepNet Fig. 7 (v1)",
           "An 18L-18L DeepNet's validation loss stays close under lr × 0.5 / 1.5, batch × 2 / 4, width 1.5× / 2×",
           "final 3.88-4.13 (WMT-17)", MULTI30K + ", 18L-18L",
           "stabexp run experiment=deepnet_robustness group=deepnorm seed=0,1,2",
           (Cells("deepnet_robustness", ("deepnorm",), (18,), settings=tuple(f"robustness={r}" for r in ROBUSTNESS),
                  measures=("final_eval_loss",)),),
-          _robustness, "29-robustness-of-deepnet-to-its-hyper-parameters-deepnet-fig-7"),
+          _robustness, "29-robustness-of-deepnet-to-its-hyper-parameters-deepnet-fig-7",
+          cost="about 10 h here: 15 runs × 39 min, the mean of its 12 recorded runs (deepnet_robustness' cost line); one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-thm41", "DeepNet Theorem 4.1",
           "‖ΔF‖ ≤ Σ √(v² + w²)/α ‖Δθ‖; Post-LN's sum grows with depth, DeepNorm's is held down",
           "no measured value", LM.replace("500 steps", "200 steps") + ", 6-100 layers",
           "stabexp run experiment=deepnet_bound seed=0,1,2",
           (Cells("deepnet_bound", ("postln", "postln_init", "deepnorm"), (6, 18, 50, 100), measures=("bound_min_ratio", "bound@1")),),
-          _bound("deepnet_bound", (6, 18, 50, 100)), "24-deepnets-bound-on-the-model-update-measured-theorem-41"),
+          _bound("deepnet_bound", (6, 18, 50, 100), 1 / 2), "24-deepnets-bound-on-the-model-update-measured-theorem-41",
+          revised="2026-12-04, before its runs: \"bound / update ≥ 1\" alone is all but certain with operator norms, and \"DeepNorm's bound grows at most 2x\" is impossible with Adam's depth-independent step (√N: 4.1x from 6L to 100L); DeepNorm's bound must now be below Post-LN's at every depth and grow no faster than 1.25 √N (not run → not run).",
+          cost="about 55 min here: deepnet_bound's one seed took 18 min 15 s on 2026-12-01 at one thread with other work sharing the cores; one GPU: not measured, the GPU path has not run"),
     Claim("deepnet-thm43", "DeepNet Theorem 4.3",
           "The encoder-decoder bound, the encoder's sum carried by the cross-attentions; DeepNorm's constants hold it down",
           "no measured value", TINY_SORT + ", 6L-6L to 50L-50L, 200 steps",
           "stabexp run experiment=deepnet_bound_encdec seed=0,1,2",
           (Cells("deepnet_bound_encdec", ("postln", "postln_init", "deepnorm"), (6, 18, 50), measures=("bound_min_ratio", "bound@1")),),
-          _bound("deepnet_bound_encdec", (6, 18, 50)), "28-deepnets-encoder-decoder-bound-measured-theorem-43"),
+          _bound("deepnet_bound_encdec", (6, 18, 50), 5 / 8), "28-deepnets-encoder-decoder-bound-measured-theorem-43",
+          revised="2026-12-04, before its runs: as deepnet-thm41, with the encoder-decoder constants' N^(5/8) (not run → not run).",
+          cost="about 72 min here: deepnet_bound_encdec's one seed took 24 min on 2026-12-02 with other work sharing the cores; one GPU: not measured, the GPU path has not run"),
 ]

@@ -27,7 +27,7 @@ from typing import Iterable, List
 import numpy as np
 import pandas as pd
 
-from stabexp.analysis import (encoder_input_change, final_max_logit, last_w2_grad, least_squares,
+from stabexp.analysis import (encoder_input_change, final_max_logit, is_scale_invariant, last_w2_grad, least_squares,
                               linear_and_log_fits, output_gradients, setting, smd_equilibrium, update_bound_steps)
 from stabexp.claims.registry import normal_setting
 from stabexp.errors import ConfigError
@@ -42,7 +42,7 @@ FINISHED = ("completed", "diverged")
 # Presets whose runs are another preset's runs (same recipe, more groups or depths, a probe that
 # does not change the training): their cells are one table.
 RECIPE_OF = {"deepnet_depth_law": "lm_depth", "deepnet_lm_depth": "lm_depth", "curse_of_depth": "lm_depth",
-             "deepnet_bleu_depth": "multi30k_table"}
+             "deepnet_bleu_depth": "multi30k_table", "admin_rezero": "multi30k_table"}
 
 # Columns of summary.json (collect's runs table) kept as measures.
 SUMMARY_MEASURES = ("final_eval_loss", "final_eval_acc", "test_loss", "test_bleu", "steps_done", "diverged_at_step",
@@ -69,6 +69,10 @@ def _model_updates(metrics: pd.DataFrame) -> List[pd.DataFrame]:
 
 def _at_init(metrics: pd.DataFrame, layers: pd.DataFrame) -> List[pd.DataFrame]:
     out = []
+    if not metrics.empty and "grad_norm" in metrics:
+        # DeepNet Fig. 3: the whole model's gradient norm, its mean over the probe steps after init.
+        trained = metrics[metrics.step >= 1].dropna(subset=["grad_norm"])
+        out.append(_per_run(trained.groupby("run").grad_norm.mean().reset_index(), "grad_norm", "grad_norm_mean"))
     if not metrics.empty:
         init = metrics[metrics.step == 0]
         for column, name in (("eval_loss", "eval_loss@0"), ("output_change", "output_change")):
@@ -109,6 +113,9 @@ def _clinic(layers: pd.DataFrame) -> List[pd.DataFrame]:
         if r["index"].nunique() >= 3:
             fits = linear_and_log_fits(r["index"], r.input_change)
             out += [{"run": run, "measure": f"clinic_{shape}_r2", "value": fits[shape]["r2"]} for shape in fits]
+            # The curve itself, for the fit of the curve averaged over seeds (the paper's one curve).
+            out += [{"run": run, "measure": f"clinic_input_change@{i}", "value": v}
+                    for i, v in zip(r["index"], r.input_change)]
     return [pd.DataFrame(out)] if out else []
 
 
@@ -122,7 +129,7 @@ def _decoder_early(layers: pd.DataFrame) -> List[pd.DataFrame]:
         rows = rows[rows.param.isna()]
     out = []
     ln = rows.dropna(subset=["ln_input_norm"]).groupby(["run", "step"]).ln_input_norm.mean().unstack()
-    grads = rows.dropna(subset=["grad_norm"]).assign(sq=lambda r: r.grad_norm ** 2)
+    grads = rows.dropna(subset=["grad_norm"]).assign(sq=lambda r: pd.to_numeric(r.grad_norm, errors="coerce") ** 2)
     per_layer = np.sqrt(grads.groupby(["run", "step", "layer"]).sq.sum())
     for k in (1, 30):
         if 0 in ln and k in ln:
@@ -132,6 +139,23 @@ def _decoder_early(layers: pd.DataFrame) -> List[pd.DataFrame]:
             by_run = at_k.groupby(level="run")
             bottom = by_run.apply(lambda s: s.xs(s.index.get_level_values("layer").min(), level="layer").iloc[0])
             out.append((bottom / by_run.max()).rename("value").reset_index().assign(measure=f"grad_bottom_over_top@{k}"))
+    return out
+
+
+def _spread_over_sublayers(layers: pd.DataFrame, step: int = 30) -> List[pd.DataFrame]:
+    """Admin Sec. 3 (Adam evens out the updates), per run at `step`: log10(largest / smallest) over
+    every residual sublayer of both stacks of its gradient norm and of its relative update."""
+    if layers.empty or "relative_update" not in layers:
+        return []
+    rows = layers[layers.step == step]
+    if "param" in rows:
+        rows = rows[rows.param.isna()]
+    out = []
+    for column, name in (("grad_norm", "grad_log_range"), ("relative_update", "update_log_range")):
+        rows = rows.assign(**{column: pd.to_numeric(rows[column], errors="coerce")})
+        values = rows[rows[column] > 0].groupby("run")[column]
+        spread = np.log10(values.max() / values.min())
+        out.append(spread.rename("value").reset_index().assign(measure=f"{name}@{step}"))
     return out
 
 
@@ -164,6 +188,23 @@ def _dependency(dependency: pd.DataFrame) -> List[pd.DataFrame]:
     out = [_per_run(enc[enc.step == 0].groupby("run").beta.mean().reset_index(), "beta", "own_dependency@init"),
            _per_run(enc[(enc.step == last) & (enc.step > 0)].groupby("run").beta.mean().reset_index(), "beta",
                     "own_dependency@end")]
+    # Along the stack at init: the change of beta_ii from sublayer 2 to the top on a fitted line,
+    # and how alike adjacent sublayers' rows of beta are (their cosine, components j >= 0).
+    init = dependency[(dependency["stack"] == "encoder") & (dependency.step == 0)]
+    pattern = []
+    for run, r in init.groupby("run"):
+        own = r[(r.component == r.sublayer) & (r.sublayer >= 2)].sort_values("sublayer")
+        if len(own) >= 3:
+            fit = least_squares(own.sublayer.to_numpy(float), own.beta.to_numpy(float))
+            span = float(own.sublayer.max() - own.sublayer.min())
+            pattern.append({"run": run, "measure": "own_dependency_change@init", "value": fit["slope"] * span})
+        rows = r[r.component >= 0].pivot_table(index="sublayer", columns="component", values="beta").fillna(0.0)
+        if len(rows) >= 2:
+            b = rows.to_numpy(float)
+            cos = (b[1:] * b[:-1]).sum(1) / (np.linalg.norm(b[1:], axis=1) * np.linalg.norm(b[:-1], axis=1))
+            pattern.append({"run": run, "measure": "adjacent_similarity@init", "value": float(np.mean(cos))})
+    if pattern:
+        out.append(pd.DataFrame(pattern))
     return out
 
 
@@ -197,7 +238,24 @@ def _late_probes(tables) -> List[pd.DataFrame]:
         smd = smd_equilibrium(runs, layers)
         if not smd.empty:
             out.append(_per_run(smd, "ratio", "smd_angular_ratio"))
+            out.append(_per_run(smd, "norm_ratio", "smd_norm_ratio"))
+    if not layers.empty and {"weight_norm", "scale_invariant"} <= set(layers.columns):
+        out += _norm_growth(layers)
     return out
+
+
+def _norm_growth(layers: pd.DataFrame) -> List[pd.DataFrame]:
+    """Wan et al. 2021 Corollary 1, per run: the smallest ratio, over its scale-invariant weights
+    and consecutive probe steps, of a weight's norm to its norm at the probe step before."""
+    rows = layers.dropna(subset=["weight_norm"])
+    rows = rows[is_scale_invariant(rows)]
+    if rows.empty:
+        return []
+    rows = rows.sort_values("step")
+    ratio = rows.groupby(["run", "stack", "layer", "sublayer", "param"], dropna=False).weight_norm.transform(
+        lambda w: w / w.shift(1))
+    growth = rows.assign(ratio=ratio).dropna(subset=["ratio"]).groupby("run").ratio.min()
+    return [growth.rename("value").reset_index().assign(measure="smd_norm_min_growth")]
 
 
 def _fold(root: Path, runs: pd.DataFrame) -> List[pd.DataFrame]:
@@ -236,7 +294,7 @@ def measures(tables) -> pd.DataFrame:
     runs = tables["runs"]
     parts = [_per_run(runs, column, column) for column in SUMMARY_MEASURES if column in runs]
     parts += _model_updates(tables["metrics"]) + _at_init(tables["metrics"], tables["layers"])
-    parts += _decoder_early(tables["layers"]) + _clinic(tables["layers"]) + _vanishing(tables["layers"]) + _dependency(tables["dependency"])
+    parts += _decoder_early(tables["layers"]) + _spread_over_sublayers(tables["layers"]) + _clinic(tables["layers"]) + _vanishing(tables["layers"]) + _dependency(tables["dependency"])
     parts += _late_probes(tables)
     parts = [p for p in parts if not p.empty]
     if not parts:

@@ -4,8 +4,11 @@ A claim is one statement of a paper, the paper's number for it, the recipes whos
 the cells (group x depth) and seeds it needs, and a criterion: a function of the runs' measures
 (stabexp.claims.measures) that says "holds", "partly" or "does not hold at this scale". The
 criterion is written before its runs are looked at; when one is changed after, `revised` says
-why. A claim whose cells lack seeds is "not run" whatever its criterion would say; one that only
-the paper's scale can show is "not run at the paper's scale" until runs at that scale exist.
+when, why, and the verdict before and after. A claim whose cells lack seeds is "not run" whatever
+its criterion would say; one that only the paper's scale can show is "not run at the paper's
+scale" until runs at that scale exist. A claim whose precondition the runs do not meet (the
+unclipped logits never exceed the clip's threshold; Pre-LN's stream does not grow) is "not shown
+at this scale": the runs cannot test it, whichever way its own comparison falls.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import pandas as pd
 HOLDS = "holds"
 PARTLY = "partly"
 DOES_NOT_HOLD = "does not hold at this scale"
+NOT_SHOWN = "not shown at this scale"
 NOT_RUN = "not run"
 NOT_RUN_PAPER = "not run at the paper's scale"
-VERDICTS = (HOLDS, PARTLY, DOES_NOT_HOLD, NOT_RUN, NOT_RUN_PAPER)
+VERDICTS = (HOLDS, PARTLY, DOES_NOT_HOLD, NOT_SHOWN, NOT_RUN, NOT_RUN_PAPER)
 
 FINISHED = ("completed", "diverged")
 
@@ -53,7 +57,8 @@ class Claim:
     criterion: Callable[["Evidence"], Tuple[str, str]]  # -> (verdict, measured); the rule is its docstring
     section: str = ""               # docs/results.md anchor
     paper_scale_only: bool = False  # only the paper's scale can show it: never judged on a substitute
-    revised: str = ""               # a criterion changed after its runs were seen: when and why
+    cost: str = ""                  # what `command` costs here (2 cores) and on one GPU, and how that is known
+    revised: str = ""               # a criterion changed: when, why, and the verdict before -> after
 
     @property
     def rule(self) -> str:
@@ -67,12 +72,14 @@ class Result:
     measured: str
     runs: int
     missing: List[str] = field(default_factory=list)
+    dates: str = ""  # the dates of the runs read ("2026-12-03", "2026-12-01 to 2026-12-04"), "" without runs
 
     def as_dict(self) -> Dict:
         c = self.claim
         return {"id": c.id, "source": c.source, "statement": c.statement, "paper": c.paper,
-                "evidence": c.evidence, "measured": self.measured, "verdict": self.verdict, "runs": self.runs,
-                "missing": self.missing, "criterion": c.rule, "command": c.command, "section": c.section,
+                "evidence": c.evidence, "dates": self.dates, "measured": self.measured, "verdict": self.verdict,
+                "runs": self.runs,
+                "missing": self.missing, "criterion": c.rule, "command": c.command, "cost": c.cost, "section": c.section,
                 "revised": c.revised}
 
 
@@ -175,7 +182,7 @@ def evaluate(claim: Claim, evidence: Evidence) -> Result:
             if not missing:
                 raise
             verdict, measured = None, "-"  # too few runs for the criterion's reading yet
-    read = runs_read(mine, claim.needs)
+    read, dates = runs_read(mine, claim.needs)
     if missing:
         verdict = NOT_RUN_PAPER if claim.paper_scale_only else NOT_RUN
         if not read:
@@ -184,17 +191,20 @@ def evaluate(claim: Claim, evidence: Evidence) -> Result:
             measured = f"so far: {measured}"
     if verdict not in VERDICTS:
         raise ValueError(f"claim {claim.id}: criterion returned {verdict!r}, not one of {VERDICTS}")
-    return Result(claim, verdict, measured, read, missing)
+    return Result(claim, verdict, measured, read, missing, dates)
 
 
-def runs_read(evidence: Evidence, needs: Sequence[Cells]) -> int:
-    """How many finished runs the claim's cells hold."""
-    found = set()
+def runs_read(evidence: Evidence, needs: Sequence[Cells]) -> Tuple[int, str]:
+    """How many finished runs the claim's cells hold, and the span of their dates."""
+    found, dates = set(), set()
     for cells in needs:
         runs = evidence.runs(recipe=cells.recipe, group=list(cells.groups), depth=list(cells.depths) or None,
                              setting=list(cells.settings))
         found |= set(zip(runs.recipe, runs.group, runs.depth.astype(str), runs.seed, runs.setting))
-    return len(found)
+        if "date" in runs:
+            dates |= {str(d) for d in runs.date.dropna() if str(d)}
+    span = "" if not dates else min(dates) if len(dates) == 1 else f"{min(dates)} to {max(dates)}"
+    return len(found), span
 
 
 # --- what criteria share ------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Readings that several criteria share: trains or fails per cell, best within noise, grids of
-settings, LR sensitivity per seed. Each criterion's own thresholds stay in its docstring and code.
+"""Readings that several criteria share: trains or fails per cell, a paired comparison over seeds
+(`beats`, and the best of several groups by it), grids of settings, LR sensitivity per seed. Each criterion's own thresholds stay in its docstring and code.
 """
 
 from __future__ import annotations
@@ -25,20 +25,45 @@ def outcome(ev: Evidence, recipe: str, group: str, depth=None, setting: Optional
     return "fails" if (runs.trained == 0).all() else "mixed"
 
 
-def best_within_noise(ev: Evidence, recipe: str, depth, group: str, measure: str, higher_is_better: bool,
-                      groups: Optional[Sequence[str]] = None) -> Dict:
+# A diverged run's loss is infinite (measures.with_outcome): its paired difference is capped here,
+# so that it counts as a large loss and the mean and its noise stay finite.
+_CAP = 1e6
+
+
+def paired_difference(a: pd.Series, b: pd.Series, higher_is_better: bool) -> pd.Series:
+    """a - b seed by seed (b - a when lower is better: positive where a is better), over the seeds
+    both have; equal infinities (two diverged runs) a tie, other infinities capped at ±1e6."""
+    a, b = a.astype(float).align(b.astype(float), join="inner")
+    d = (a - b) if higher_is_better else (b - a)
+    d = d.where(~(a.isin([np.inf, -np.inf]) & (a == b)), 0.0)
+    return d.dropna().clip(-_CAP, _CAP)
+
+
+def beats(a: pd.Series, b: pd.Series, higher_is_better: bool) -> bool:
+    """Paired by seed, `a` beats `b` when it is better in a majority of the seeds both have and its
+    mean paired difference is larger than the noise of that difference (its standard error,
+    sd / √n, over the seeds; with one seed, any lead)."""
+    d = paired_difference(a, b, higher_is_better)
+    if d.empty:
+        return False
+    noise = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else 0.0
+    return bool((d > 0).sum() > len(d) / 2 and d.mean() > noise)
+
+
+def best_by_seed(ev: Evidence, recipe: str, depth, group: str, measure: str, higher_is_better: bool,
+                 groups: Optional[Sequence[str]] = None) -> Dict:
     """Is `group` the best at `depth` among every group the recipe ran there (or `groups`)? It is
-    unless another group's mean beats its mean by more than the larger of the two groups' seed
-    standard deviations. Returns {"best": bool, "rank": 1-based by mean, "of": groups, "beaten_by": [...]}."""
+    unless another group beats it (`beats`: paired by seed, better in a majority of seeds and on
+    the mean by more than the noise of the difference). Returns {"best": bool, "rank": 1-based by
+    mean, "of": groups, "beaten_by": [...]}."""
     runs = ev.runs(recipe=recipe, depth=depth, group=list(groups) if groups else None)
     sign = 1.0 if higher_is_better else -1.0
-    stats = runs.groupby("group")[measure].agg(["mean", "std"]).fillna({"std": 0.0})
-    stats["mean"] = stats["mean"].fillna(-np.inf if higher_is_better else np.inf)
-    mine = stats.loc[group]
-    beaten_by = [g for g, s in stats.iterrows() if g != group
-                 and sign * (s["mean"] - mine["mean"]) > max(s["std"], mine["std"])]
-    rank = int((sign * stats["mean"] > sign * mine["mean"]).sum()) + 1
-    return {"best": not beaten_by, "rank": rank, "of": len(stats), "beaten_by": beaten_by}
+    means = runs.groupby("group")[measure].mean().fillna(-np.inf if higher_is_better else np.inf)
+    mine = ev.value(measure, recipe=recipe, group=group, depth=depth)
+    beaten_by = [g for g in means.index if g != group
+                 and beats(ev.value(measure, recipe=recipe, group=g, depth=depth), mine, higher_is_better)]
+    rank = int((sign * means > sign * means[group]).sum()) + 1
+    return {"best": not beaten_by, "rank": rank, "of": len(means), "beaten_by": beaten_by}
 
 
 def grid(**axes: Iterable) -> list:
@@ -96,5 +121,5 @@ def growth(ev: Evidence, recipe: str, group: str, measure: str, depths: Sequence
     return deep / shallow  # NaN where a seed lacks one end: it fails every()
 
 
-__all__ = ["outcome", "best_within_noise", "grid", "parse", "with_setting", "without", "lr_sensitivities", "log_slope_per_seed",
+__all__ = ["outcome", "paired_difference", "beats", "best_by_seed", "grid", "parse", "with_setting", "without", "lr_sensitivities", "log_slope_per_seed",
            "growth", "every", "mean"]
