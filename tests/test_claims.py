@@ -583,7 +583,7 @@ def _lr(setting):
     return float(parse(setting)["train.lr"])
 
 
-def _wortsman(qk_gain=True, logit_ratio=0.01, z_helps=True):
+def _wortsman(qk_gain=True, logit_ratio=0.01, z_helps=True, drift=-40.0):
     from stabexp.claims.rules import parse
 
     def loss(s, seed):
@@ -592,7 +592,7 @@ def _wortsman(qk_gain=True, logit_ratio=0.01, z_helps=True):
         steep *= 0.8 if (p["train.z_loss"] == "0.0001" and z_helps) else 1.0
         return 4.0 + steep * abs(math.log10(_lr(s) / 3e-3))
     logit = lambda s, seed: 1000.0 * (logit_ratio if parse(s)["model.qk_norm"] == "True" else 1.0)  # noqa: E731
-    logz = lambda s, seed: -40.0 * (0.3 if (parse(s)["train.z_loss"] == "0.0001" and z_helps) else 1.0)  # noqa: E731
+    logz = lambda s, seed: drift * (0.3 if (parse(s)["train.z_loss"] == "0.0001" and z_helps) else 1.0)  # noqa: E731
     return _sweep("lr_sensitivity", others.WORTSMAN, "preln", loss, final_max_attn_logit=logit, final_log_z_mean=logz)
 
 
@@ -605,6 +605,8 @@ def test_qk_layernorm_flips_on_sensitivity_and_logits():
 def test_z_loss_flips():
     assert verdict("wortsman-z-loss", _wortsman()) == HOLDS
     assert verdict("wortsman-z-loss", _wortsman(z_helps=False)) == DOES_NOT_HOLD
+    assert verdict("wortsman-z-loss", _wortsman(drift=-12.5)) == HOLDS  # twice the loss at init, 6.2
+    assert verdict("wortsman-z-loss", _wortsman(drift=-12.3)) == NOT_SHOWN  # log Z has not drifted: nothing to stop
 
 
 def _lr2025(peri=0.3, dyt_gap=0.0):
