@@ -129,6 +129,7 @@ def _decoder_early(layers: pd.DataFrame) -> List[pd.DataFrame]:
         rows = rows[rows.param.isna()]
     out = []
     ln = rows.dropna(subset=["ln_input_norm"]).groupby(["run", "step"]).ln_input_norm.mean().unstack()
+    # Collected beside runs without some columns, the tables can hold numbers as objects.
     grads = rows.dropna(subset=["grad_norm"]).assign(sq=lambda r: pd.to_numeric(r.grad_norm, errors="coerce") ** 2)
     per_layer = np.sqrt(grads.groupby(["run", "step", "layer"]).sq.sum())
     for k in (1, 30):
@@ -294,7 +295,8 @@ def measures(tables) -> pd.DataFrame:
     runs = tables["runs"]
     parts = [_per_run(runs, column, column) for column in SUMMARY_MEASURES if column in runs]
     parts += _model_updates(tables["metrics"]) + _at_init(tables["metrics"], tables["layers"])
-    parts += _decoder_early(tables["layers"]) + _spread_over_sublayers(tables["layers"]) + _clinic(tables["layers"]) + _vanishing(tables["layers"]) + _dependency(tables["dependency"])
+    parts += _decoder_early(tables["layers"]) + _spread_over_sublayers(tables["layers"]) + _clinic(tables["layers"])
+    parts += _vanishing(tables["layers"]) + _dependency(tables["dependency"])
     parts += _late_probes(tables)
     parts = [p for p in parts if not p.empty]
     if not parts:

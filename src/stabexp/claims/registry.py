@@ -78,9 +78,8 @@ class Result:
         c = self.claim
         return {"id": c.id, "source": c.source, "statement": c.statement, "paper": c.paper,
                 "evidence": c.evidence, "dates": self.dates, "measured": self.measured, "verdict": self.verdict,
-                "runs": self.runs,
-                "missing": self.missing, "criterion": c.rule, "command": c.command, "cost": c.cost, "section": c.section,
-                "revised": c.revised}
+                "runs": self.runs, "missing": self.missing, "criterion": c.rule, "command": c.command,
+                "cost": c.cost, "section": c.section, "revised": c.revised}
 
 
 def value_as_hydra_writes(value: str) -> str:

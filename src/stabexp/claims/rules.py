@@ -1,5 +1,6 @@
 """Readings that several criteria share: trains or fails per cell, a paired comparison over seeds
-(`beats`, and the best of several groups by it), grids of settings, LR sensitivity per seed. Each criterion's own thresholds stay in its docstring and code.
+(`beats`, and the best of several groups by it), grids of settings, LR sensitivity per seed. Each
+criterion's own thresholds stay in its docstring and code.
 """
 
 from __future__ import annotations
