@@ -71,7 +71,8 @@ def _at_init(metrics: pd.DataFrame, layers: pd.DataFrame) -> List[pd.DataFrame]:
     out = []
     if not metrics.empty and "grad_norm" in metrics:
         # DeepNet Fig. 3: the whole model's gradient norm, its mean over the probe steps after init.
-        trained = metrics[metrics.step >= 1].dropna(subset=["grad_norm"])
+        trained = metrics[metrics.step >= 1].assign(grad_norm=lambda m: pd.to_numeric(m.grad_norm, errors="coerce"))
+        trained = trained.dropna(subset=["grad_norm"])
         out.append(_per_run(trained.groupby("run").grad_norm.mean().reset_index(), "grad_norm", "grad_norm_mean"))
     if not metrics.empty:
         init = metrics[metrics.step == 0]

@@ -30,9 +30,9 @@ def _smd(ev: Evidence):
     runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
     ratio = runs.smd_angular_ratio
     by_optim = {o: with_setting(runs, "optim", o).smd_angular_ratio for o in ("sgd", "sgdm", "adamw")}
-    worst = float((ratio - 1).abs().max())
+    off = (ratio - 1).abs()  # a run without a ratio (NaN) fails every() below
     measured = "; ".join(f"{o} {r.min():.3f}-{r.max():.3f}" for o, r in by_optim.items() if len(r)) + " of the theory"
-    return (HOLDS if worst <= 0.10 else PARTLY if worst <= 0.25 else DOES_NOT_HOLD), measured
+    return (HOLDS if every(off <= 0.10) else PARTLY if every(off <= 0.25) else DOES_NOT_HOLD), measured
 
 
 def _smd_norm(ev: Evidence):
@@ -43,9 +43,9 @@ def _smd_norm(ev: Evidence):
     runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
     ratio = runs.smd_norm_ratio
     by_optim = {o: with_setting(runs, "optim", o).smd_norm_ratio for o in ("sgd", "sgdm", "adamw")}
-    worst = float((ratio - 1).abs().max())
+    off = (ratio - 1).abs()  # a run without a ratio (NaN) fails every() below
     measured = "; ".join(f"{o} {r.min():.3f}-{r.max():.3f}" for o, r in by_optim.items() if len(r)) + " of the theory"
-    return (HOLDS if worst <= 0.10 else PARTLY if worst <= 0.25 else DOES_NOT_HOLD), measured
+    return (HOLDS if every(off <= 0.10) else PARTLY if every(off <= 0.25) else DOES_NOT_HOLD), measured
 
 
 def _smd_no_decay(ev: Evidence):
@@ -129,8 +129,8 @@ def _peri_ln(ev: Evidence):
 
 def _dyt(ev: Evidence):
     """Per seed, the best final eval loss over the seven lrs of DyT against Pre-LN's (DyT is to
-    match the norm it replaces). Holds when DyT's is within 0.05 nats of Pre-LN's in every seed;
-    partly when within 0.2; otherwise it does not hold."""
+    match the norm it replaces). Holds when DyT's is no more than 0.05 nats above Pre-LN's in every
+    seed; partly when no more than 0.2 above; otherwise it does not hold."""
     runs = ev.runs(recipe="lr_sensitivity_2025", group=["preln", "dyt"], depth=4, setting=LR_ONLY)
     best = runs.loc[runs.status == "completed"].pivot_table(index="seed", columns="group", values="final_eval_loss", aggfunc="min")
     gap = best["dyt"] - best["preln"]
@@ -148,7 +148,7 @@ def _peri_stream(ev: Evidence):
     pre = ev.value("stream_growth", recipe="lm_depth", group="preln", depth=100)
     measured = f"stream growth over 100 layers: Pre-LN ×{over_seeds(pre, 2)}, Peri-LN ×{over_seeds(peri, 2)}"
     if not every(pre >= 2):
-        return NOT_SHOWN, measured + (" (Pre-LN's stream does not grow 2x)" if len(pre) else "")
+        return NOT_SHOWN, measured + (" (Pre-LN's stream does not grow 2x)" if pre.notna().any() else "")
     below = every(compare(peri, pre, lambda a, b: a < b))
     return (HOLDS if below and every(peri <= 2) else PARTLY if below else DOES_NOT_HOLD), measured
 
@@ -179,8 +179,8 @@ def _qk_clip(ev: Evidence):
     runs = ev.runs(recipe="lr_sensitivity_muon", depth=4, setting=MUON)
     runs = runs.assign(lr=runs.setting.map(lambda s: without(s, "train.qk_clip_tau")))
     clipped, free = with_setting(runs, "train.qk_clip_tau", "100"), with_setting(runs, "train.qk_clip_tau", "0")
-    over = free.groupby("lr").final_max_attn_logit.min()
-    over = sorted(over[over > QK_CLIP_TAU].index)  # the lrs at which every unclipped seed exceeds tau
+    exceeds = free.groupby("lr").final_max_attn_logit.apply(lambda v: bool(v.notna().all() and (v > QK_CLIP_TAU).all()))
+    over = sorted(exceeds[exceeds].index)  # the lrs at which every unclipped seed exceeds tau
     loss = (clipped.groupby("lr").final_eval_loss.mean() - free.groupby("lr").final_eval_loss.mean())
     no_worse = every(loss <= 0.05)
     worked = clipped[clipped.lr.isin(over)].final_max_attn_logit
@@ -243,7 +243,7 @@ CLAIMS = [
           (Cells("lr_sensitivity_2025", ("preln", "peri_ln"), (4,), settings=tuple(LR_ONLY),
                  measures=("final_eval_loss", "eval_loss@0")),), _peri_ln,
           "26-lr-sensitivity-of-peri-ln-and-dyt-kim-et-al-2025-zhu-et-al-2025",
-          revised="2026-12-04: \"mean at most half Pre-LN's\" was a threshold the paper's qualitative claim does not give; it is now the paired test of rules.beats and lower in every seed (partly → holds)."),
+          revised="2026-12-04, after its runs were read: \"mean at most half Pre-LN's\" was a threshold the paper's qualitative claim does not give; it is now the paired test of rules.beats and lower in every seed (partly → holds)."),
     Claim("peri-ln-stream", "Peri-LN (Kim et al. 2025)",
           "Peri-LN keeps the hidden state's norm bounded where Pre-LN's grows with depth",
           "qualitative", LM + ", 100 layers", "stabexp run experiment=curse_of_depth group=preln,peri_ln depth=100 seed=0,1,2",

@@ -26,38 +26,39 @@ def outcome(ev: Evidence, recipe: str, group: str, depth=None, setting: Optional
     return "fails" if (runs.trained == 0).all() else "mixed"
 
 
-# A diverged run's loss is infinite (measures.with_outcome): its paired difference is capped here,
-# so that it counts as a large loss and the mean and its noise stay finite.
-_CAP = 1e6
-
-
 def paired_difference(a: pd.Series, b: pd.Series, higher_is_better: bool) -> pd.Series:
     """a - b seed by seed (b - a when lower is better: positive where a is better), over the seeds
-    both have; equal infinities (two diverged runs) a tie, other infinities capped at ±1e6."""
+    both have; two equal infinities (two diverged runs) a tie."""
     a, b = a.astype(float).align(b.astype(float), join="inner")
     d = (a - b) if higher_is_better else (b - a)
-    d = d.where(~(a.isin([np.inf, -np.inf]) & (a == b)), 0.0)
-    return d.dropna().clip(-_CAP, _CAP)
+    return d.where(~(a.isin([np.inf, -np.inf]) & (a == b)), 0.0).dropna()
 
 
 def beats(a: pd.Series, b: pd.Series, higher_is_better: bool) -> bool:
     """Paired by seed, `a` beats `b` when it is better in a majority of the seeds both have and its
     mean paired difference is larger than the noise of that difference (its standard error,
-    sd / √n, over the seeds; with one seed, any lead)."""
+    sd / √n, over the seeds; with one seed, any lead). A seed where one of the two diverged (an
+    infinite loss: measures.with_outcome) counts in the majority, and the mean and its noise are
+    taken over the other seeds."""
     d = paired_difference(a, b, higher_is_better)
     if d.empty:
         return False
-    noise = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else 0.0
-    return bool((d > 0).sum() > len(d) / 2 and d.mean() > noise)
+    finite = d[np.isfinite(d)]
+    noise = finite.std(ddof=1) / np.sqrt(len(finite)) if len(finite) > 1 else 0.0
+    ahead = finite.empty or finite.mean() > noise
+    return bool((d > 0).sum() > len(d) / 2 and ahead)
 
 
 def best_by_seed(ev: Evidence, recipe: str, depth, group: str, measure: str, higher_is_better: bool,
-                 groups: Optional[Sequence[str]] = None) -> Dict:
-    """Is `group` the best at `depth` among every group the recipe ran there (or `groups`)? It is
-    unless another group beats it (`beats`: paired by seed, better in a majority of seeds and on
-    the mean by more than the noise of the difference). Returns {"best": bool, "rank": 1-based by
-    mean, "of": groups, "beaten_by": [...]}."""
+                 groups: Optional[Sequence[str]] = None, min_seeds: int = 3) -> Dict:
+    """Is `group` the best at `depth` among every group the recipe ran there with `min_seeds` seeds
+    or more (or among `groups`)? It is unless another group beats it (`beats`: paired by seed,
+    better in a majority of seeds and on the mean by more than the noise of the difference); a tie
+    with the best is the best. Groups with fewer seeds are left out: one seed's lead is no test.
+    Returns {"best": bool, "rank": 1-based by mean, "of": groups compared, "beaten_by": [...]}."""
     runs = ev.runs(recipe=recipe, depth=depth, group=list(groups) if groups else None)
+    counted = runs.dropna(subset=[measure]).groupby("group").seed.nunique()
+    runs = runs[runs.group.isin(set(counted[counted >= min_seeds].index) | {group})]
     sign = 1.0 if higher_is_better else -1.0
     means = runs.groupby("group")[measure].mean().fillna(-np.inf if higher_is_better else np.inf)
     mine = ev.value(measure, recipe=recipe, group=group, depth=depth)
