@@ -32,6 +32,13 @@ def tables():
     return {page: claims.markdown(results, link, columns) for page, link, columns in PAGES}
 
 
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
 def judged_line(ids) -> str:
     names = ", ".join(f"`{i}`" for i in ids)
     return f"{JUDGED}{names} in [the verdicts](#the-verdicts) (`stabexp claims --only {','.join(ids)}`).*"
@@ -46,8 +53,7 @@ def with_judged_lines(text: str) -> str:
     parts = re.split(r"(?m)^(## \d+\. .*)$", text)
     out = [parts[0]]
     for heading, body in zip(parts[1::2], parts[2::2]):
-        anchor = re.sub(r"[^a-z0-9 -]", "", heading[3:].lower()).replace(" ", "-")
-        ids = by_section.get(anchor)
+        ids = by_section.get(anchor(heading[3:]))
         if ids:
             body = re.sub(r"(?m)^" + re.escape(JUDGED) + r".*$", lambda _: judged_line(ids), body, count=1)
         out += [heading, body]

@@ -132,15 +132,19 @@ def test_help_and_cfg_job_are_shown_and_run(stabexp_main):
     assert not stabexp_main.outputs.exists()  # printing the config runs nothing
 
 
-def _anchor(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*]", "", heading.strip().lower())
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
+def _claims_tables():
+    """scripts/claims_tables.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("claims_tables", ROOT / "scripts" / "claims_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_every_relative_link_and_image_resolves():
-    anchors = {page: {_anchor(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)} for page in PAGES}
+    anchor = _claims_tables().anchor  # GitHub's anchor of a heading
+    anchors = {page: {anchor(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)} for page in PAGES}
     broken = []
     for page in PAGES:
         text = FENCE.sub("", page.read_text())
@@ -207,11 +211,7 @@ def test_the_python_examples_run_on_a_sweep_of_real_runs(make_cfg, tmp_path, mon
 def test_the_verdict_tables_are_what_stabexp_claims_computes():
     """The README's and results.md's verdict tables are `stabexp claims docs/data`'s output, to the
     character: `python scripts/claims_tables.py` rewrites them."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("claims_tables", ROOT / "scripts" / "claims_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _claims_tables()
     for page, table in module.tables().items():
         text = page.read_text()
         assert text.count(module.BEGIN) == 1 and text.count(module.END) == 1, page

@@ -12,7 +12,7 @@ from stabexp import paper
 from stabexp.analysis import linear_and_log_fits
 from stabexp.claims.registry import (DOES_NOT_HOLD, HOLDS, NOT_SHOWN, PARTLY, Cells, Claim, Evidence, compare, every,
                                      mean, over_seeds)
-from stabexp.claims.rules import beats, grid, log_slope_per_seed, outcome
+from stabexp.claims.rules import beats, grid, log_slope_per_seed, outcome, with_seeds
 
 OUTPUT_CHANGE_DEPTHS = (6, 12, 18, 25, 50, 100)
 SHAPE = {"postln": "linear", "preln": "log", "admin": "log"}
@@ -292,9 +292,8 @@ def _rezero(ev: Evidence):
     noise of the difference) and its mean is within 3 BLEU of the best group's ("1-2 BLEU below");
     partly when each is beaten by every other group but further below the best; otherwise, when
     a ReZero is not beaten by some other group, it does not hold."""
-    runs = ev.runs(recipe="multi30k_table", depth=6)  # admin_rezero's runs are multi30k_table's recipe
-    seeds = runs.dropna(subset=["test_bleu"]).groupby("group").seed.nunique()
-    runs = runs[runs.group.isin(set(seeds[seeds >= 3].index) | set(REZEROS))]  # one seed's lead is no test
+    # admin_rezero's runs are multi30k_table's recipe
+    runs = with_seeds(ev.runs(recipe="multi30k_table", depth=6), "test_bleu", keep=REZEROS)
     means = runs.groupby("group").test_bleu.mean()
     others = [g for g in means.index if g not in REZEROS]
     bleu = {g: ev.value("test_bleu", recipe="multi30k_table", group=g, depth=6) for g in means.index}

@@ -67,13 +67,17 @@ def _model_updates(metrics: pd.DataFrame) -> List[pd.DataFrame]:
     return [_per_run(rows[rows.step == k], "model_update", f"model_update@{k}") for k in UPDATE_STEPS]
 
 
+def _gradient_mean(metrics: pd.DataFrame) -> List[pd.DataFrame]:
+    """DeepNet Fig. 3, per run: the whole model's gradient norm, its mean over the probe steps after init."""
+    if metrics.empty or "grad_norm" not in metrics:
+        return []
+    trained = metrics[metrics.step >= 1].assign(grad_norm=lambda m: pd.to_numeric(m.grad_norm, errors="coerce"))
+    trained = trained.dropna(subset=["grad_norm"])
+    return [_per_run(trained.groupby("run").grad_norm.mean().reset_index(), "grad_norm", "grad_norm_mean")]
+
+
 def _at_init(metrics: pd.DataFrame, layers: pd.DataFrame) -> List[pd.DataFrame]:
     out = []
-    if not metrics.empty and "grad_norm" in metrics:
-        # DeepNet Fig. 3: the whole model's gradient norm, its mean over the probe steps after init.
-        trained = metrics[metrics.step >= 1].assign(grad_norm=lambda m: pd.to_numeric(m.grad_norm, errors="coerce"))
-        trained = trained.dropna(subset=["grad_norm"])
-        out.append(_per_run(trained.groupby("run").grad_norm.mean().reset_index(), "grad_norm", "grad_norm_mean"))
     if not metrics.empty:
         init = metrics[metrics.step == 0]
         for column, name in (("eval_loss", "eval_loss@0"), ("output_change", "output_change")):
@@ -295,7 +299,8 @@ def measures(tables) -> pd.DataFrame:
     """Long table (run, measure, value) of every measure the collected tables give."""
     runs = tables["runs"]
     parts = [_per_run(runs, column, column) for column in SUMMARY_MEASURES if column in runs]
-    parts += _model_updates(tables["metrics"]) + _at_init(tables["metrics"], tables["layers"])
+    parts += _model_updates(tables["metrics"]) + _gradient_mean(tables["metrics"])
+    parts += _at_init(tables["metrics"], tables["layers"])
     parts += _decoder_early(tables["layers"]) + _spread_over_sublayers(tables["layers"]) + _clinic(tables["layers"])
     parts += _vanishing(tables["layers"]) + _dependency(tables["dependency"])
     parts += _late_probes(tables)

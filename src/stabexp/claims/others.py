@@ -23,29 +23,24 @@ MUON = grid(**{"train.qk_clip_tau": ["0", "100"], "train.lr": LRS})
 SMD_NO_DECAY = grid(**{"optim": ["sgd", "sgdm", "adamw"], "train.lr": ["0.1", "0.2"], "optim.weight_decay": ["0"]})
 
 
-def _smd(ev: Evidence):
-    """Per run, the measured equilibrium angular update of the scale-invariant weights over the
-    theory's (analysis.smd_equilibrium). Holds when every run is within 10% of the theory; partly
-    when every run is within 25%; otherwise it does not hold."""
-    runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
-    ratio = runs.smd_angular_ratio
-    by_optim = {o: with_setting(runs, "optim", o).smd_angular_ratio for o in ("sgd", "sgdm", "adamw")}
-    off = (ratio - 1).abs()  # a run without a ratio (NaN) fails every() below
-    measured = "; ".join(f"{o} {r.min():.3f}-{r.max():.3f}" for o, r in by_optim.items() if len(r)) + " of the theory"
-    return (HOLDS if every(off <= 0.10) else PARTLY if every(off <= 0.25) else DOES_NOT_HOLD), measured
+def _smd_ratio(measure: str, what: str):
+    def criterion(ev: Evidence):
+        runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
+        by_optim = {o: with_setting(runs, "optim", o)[measure] for o in ("sgd", "sgdm", "adamw")}
+        off = (runs[measure] - 1).abs()  # a run without a ratio (NaN) fails every() below
+        measured = "; ".join(f"{o} {r.min():.3f}-{r.max():.3f}" for o, r in by_optim.items() if len(r)) + " of the theory"
+        return (HOLDS if every(off <= 0.10) else PARTLY if every(off <= 0.25) else DOES_NOT_HOLD), measured
+    criterion.__doc__ = (f"""Per run, the measured {what} of the scale-invariant weights over the theory's
+        (analysis.smd_equilibrium, theory.py). Holds when every run is within 10% of the theory;
+        partly when every run is within 25%; otherwise it does not hold.""")
+    return criterion
 
 
-def _smd_norm(ev: Evidence):
-    """Per run, the measured equilibrium norm of the scale-invariant weights over the theory's
-    (analysis.smd_equilibrium: (ηL / 2λ(1 − μ))^¼ under SGD and SGDM with L measured, √(ηC / 2λ)
-    under AdamW; Wan et al. 2021 Theorem 1, Kosson et al. 2023). Holds when every run is within 10%
-    of the theory; partly when every run is within 25%; otherwise it does not hold."""
-    runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
-    ratio = runs.smd_norm_ratio
-    by_optim = {o: with_setting(runs, "optim", o).smd_norm_ratio for o in ("sgd", "sgdm", "adamw")}
-    off = (ratio - 1).abs()  # a run without a ratio (NaN) fails every() below
-    measured = "; ".join(f"{o} {r.min():.3f}-{r.max():.3f}" for o, r in by_optim.items() if len(r)) + " of the theory"
-    return (HOLDS if every(off <= 0.10) else PARTLY if every(off <= 0.25) else DOES_NOT_HOLD), measured
+# The equilibrium angular update (Wan et al. 2021 Theorem 2; Kosson et al. 2023 for SGDM and AdamW).
+_smd = _smd_ratio("smd_angular_ratio", "equilibrium angular update")
+# The equilibrium norm (Wan et al. 2021 Theorem 1: (ηL / 2λ(1 − μ))^¼ under SGD and SGDM with L
+# measured; √(ηC / 2λ) under AdamW, Kosson et al. 2023).
+_smd_norm = _smd_ratio("smd_norm_ratio", "equilibrium norm")
 
 
 def _smd_no_decay(ev: Evidence):

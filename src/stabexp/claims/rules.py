@@ -49,6 +49,13 @@ def beats(a: pd.Series, b: pd.Series, higher_is_better: bool) -> bool:
     return bool((d > 0).sum() > len(d) / 2 and ahead)
 
 
+def with_seeds(runs: pd.DataFrame, measure: str, min_seeds: int = 3, keep=()) -> pd.DataFrame:
+    """The runs of the groups that hold `measure` in `min_seeds` seeds or more (and of `keep`):
+    the groups a comparison counts, since one seed's lead is no test."""
+    counted = runs.dropna(subset=[measure]).groupby("group").seed.nunique()
+    return runs[runs.group.isin(set(counted[counted >= min_seeds].index) | set(keep))]
+
+
 def best_by_seed(ev: Evidence, recipe: str, depth, group: str, measure: str, higher_is_better: bool,
                  groups: Optional[Sequence[str]] = None, min_seeds: int = 3) -> Dict:
     """Is `group` the best at `depth` among every group the recipe ran there with `min_seeds` seeds
@@ -56,9 +63,8 @@ def best_by_seed(ev: Evidence, recipe: str, depth, group: str, measure: str, hig
     better in a majority of seeds and on the mean by more than the noise of the difference); a tie
     with the best is the best. Groups with fewer seeds are left out: one seed's lead is no test.
     Returns {"best": bool, "rank": 1-based by mean, "of": groups compared, "beaten_by": [...]}."""
-    runs = ev.runs(recipe=recipe, depth=depth, group=list(groups) if groups else None)
-    counted = runs.dropna(subset=[measure]).groupby("group").seed.nunique()
-    runs = runs[runs.group.isin(set(counted[counted >= min_seeds].index) | {group})]
+    runs = with_seeds(ev.runs(recipe=recipe, depth=depth, group=list(groups) if groups else None), measure,
+                      min_seeds, keep=(group,))
     sign = 1.0 if higher_is_better else -1.0
     means = runs.groupby("group")[measure].mean().fillna(-np.inf if higher_is_better else np.inf)
     mine = ev.value(measure, recipe=recipe, group=group, depth=depth)
@@ -123,5 +129,5 @@ def growth(ev: Evidence, recipe: str, group: str, measure: str, depths: Sequence
     return deep / shallow  # NaN where a seed lacks one end: it fails every()
 
 
-__all__ = ["outcome", "paired_difference", "beats", "best_by_seed", "grid", "parse", "with_setting", "without", "lr_sensitivities", "log_slope_per_seed",
+__all__ = ["outcome", "paired_difference", "beats", "with_seeds", "best_by_seed", "grid", "parse", "with_setting", "without", "lr_sensitivities", "log_slope_per_seed",
            "growth", "every", "mean"]
