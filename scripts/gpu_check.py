@@ -1,10 +1,11 @@
 """The CUDA path end to end, in a few minutes on one GPU: a maintainer's check.
 
-    python scripts/gpu_check.py [--device cuda] [--quick] [--out outputs/gpu_check]
+    python scripts/gpu_check.py [--device cuda] [--quick] [--no-bench] [--out outputs/gpu_check]
 
 1. DeepNorm 18L-18L (tiny width, the default task, 200 steps, probes on) in fp32 and in bf16:
    steps/s, peak memory, final eval loss (bf16 close to fp32, not equal).
-2. `stabexp bench` (tiny and base width, 6L-6L): stabexp against torch.nn.Transformer.
+2. `stabexp bench` (tiny and base width, 6L-6L): stabexp against torch.nn.Transformer
+   (--no-bench: skipped; scripts/paper_scale.py measures its own).
 3. The same fp32 run on one process group of one rank (torchrun --nproc-per-node=1) with
    train.parallel=ddp and =fsdp, probe.weights and probe.update_bound on: the one-process
    numbers (nccl on a GPU), FSDP's model sharded as it is built and its probes read from shards;
@@ -71,6 +72,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="2 layers, 20 steps, the tiny bench only")
+    parser.add_argument("--no-bench", action="store_true", help="skip part 2, stabexp bench")
     parser.add_argument("--out", default="outputs/gpu_check")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
@@ -93,9 +95,10 @@ def main(argv=None) -> int:
         rows.append((name, json.loads((folder / "summary.json").read_text()), folder))
         plans[folder] = planned_mib(overrides, 1)
     bench = out / "bench.json"
-    stabexp("bench", "--sizes", sizes, "--depths", "6" if not args.quick else "2", "--steps", bench_steps,
-            "--repeats", "2", "--no-memory",
-            "--out", str(bench))  # on the GPU when there is one
+    if not args.no_bench:
+        stabexp("bench", "--sizes", sizes, "--depths", "6" if not args.quick else "2", "--steps", bench_steps,
+                "--repeats", "2", "--no-memory",
+                "--out", str(bench))  # on the GPU when there is one
     fp32 = rows[0][2]
     print(f"{depth}L-{depth}L DeepNorm, tiny width, {steps} steps, train.device={args.device}\n")
     print("| run | steps/s | peak MiB | planned MiB | final eval loss | largest relative difference from fp32 "
@@ -108,7 +111,8 @@ def main(argv=None) -> int:
         plan = f"{plans[folder]:.0f}" if folder in plans else "-"
         print(f"| {name} | {summary['steps_per_second']:.2f} | {own:.0f} | {plan} | "
               f"{summary['final_eval_loss']:.4f} | {diff} |")
-    print(f"\nstabexp bench: {bench}")
+    if not args.no_bench:
+        print(f"\nstabexp bench: {bench}")
     return 0
 
 

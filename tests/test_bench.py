@@ -23,6 +23,12 @@ def test_bench_reports_every_variant(tmp_path, capsys):
     assert all(r["tokens_per_s"] / r["steps_per_s"] == pytest.approx(4 * 10) for r in report["rows"])
     assert "| tiny | 1 | c:admin |" in capsys.readouterr().out
     assert "c:deepnorm" in format_table(report)
+    # Model FLOPs: torch's count of one step; the plain loop and stabexp's Post-LN are the same
+    # model, and a probing variant is given its probes-off variant's count.
+    assert rows["a"]["flops_per_token"] == pytest.approx(rows["b:postln"]["flops_per_token"], rel=1e-9)
+    assert rows["a"]["flops_per_token"] > 0
+    assert rows["c:admin"]["flops_per_token"] == rows["d:admin"]["flops_per_token"] == rows["b:admin"]["flops_per_token"]
+    assert all(r["mfu"] is None for r in report["rows"]) and report["peak_tflops"] is None  # a CPU has no peak
 
 
 def test_bench_on_real_text_batches(tmp_path, corpus_dir, capsys):

@@ -511,21 +511,6 @@ def test_a_submitit_job_of_two_tasks_is_the_torchrun_run(tmp_path):
     assert_same_files(tmp_path / "torchrun" / "run", job, "submitit against torchrun")
 
 
-@pytest.mark.slow
-def test_the_gpu_check_script_runs_on_the_cpu(tmp_path):
-    script = Path(__file__).parents[1] / "scripts" / "gpu_check.py"
-    env = dict(cli_env(tmp_path / "outputs"), STABEXP_DIST_TIMEOUT_S="60", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(script), "--device", "cpu", "--quick", "--out", str(tmp_path / "check")],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    table = [line for line in done.stdout.splitlines() if line.startswith("| fp32, ")]
-    assert len(table) == 3  # fp32, ddp and fsdp on one rank (probes on)
-    for line in table[1:]:  # a process group of one rank computes what one process does
-        assert line.endswith("| 0.0e+00, 0.0e+00 |"), line
-        assert float(line.split("|")[4]) > 0  # the plan's peak beside the measured one
-    assert any(line.startswith("| bf16, fsdp on 1 rank |") for line in done.stdout.splitlines())
-
-
 def test_the_documented_torchrun_and_srun_commands_pass_the_checks(monkeypatch):
     """The commands of docs/scale.md and the README that start K processes: their `stabexp run`
     part passes what preflight checks on each of the K ranks."""

@@ -42,11 +42,21 @@ def test_packing_shares_cores_and_memory_out(jobs, cores, ram, expected):
 
 
 def test_packing_on_gpus_counts_each_devices_memory():
-    jobs = [_job(10 * GiB, on_gpu=True)] * 20
+    jobs = [_job(9 * GiB, on_gpu=True)] * 20
     pack = sweep.packing(jobs, 16, 128 * GiB, gpu_memory=[24 * GiB, 80 * GiB])
-    assert pack.devices.count(0) == 2 and pack.devices.count(1) == 6  # 85% of each GPU's memory
+    # 85% of each GPU's memory over each job's estimate plus a process's own GiB
+    assert pack.devices.count(0) == 2 and pack.devices.count(1) == 6
     assert pack.at_once == 8 and pack.threads == 2
     assert sweep.packing(jobs, 16, 128 * GiB, [80 * GiB], at_most=3).at_once == 3
+
+
+def test_packing_on_a_gpu_runs_no_more_jobs_than_cores():
+    """Admin's grid on one H200: 135 small jobs fit its memory many times over, but each process
+    feeding the GPU needs a core."""
+    jobs = [_job(GiB // 4, on_gpu=True)] * 135
+    pack = sweep.packing(jobs, 16, 128 * GiB, gpu_memory=[139 * GiB])
+    assert (pack.at_once, pack.threads) == (16, 1)
+    assert sweep.packing(jobs, 16, 128 * GiB, [139 * GiB], threads=4).at_once == 4
 
 
 def _compose(*overrides):

@@ -26,6 +26,13 @@ the median over repeats of each variant's speed / a's speed in that repeat (in t
 windows of different batches compare). Eval passes are not timed (train.eval_every is set
 beyond the window).
 
+Model FLOPs: one step of each variant after its warm-up, counted by torch's FlopCounterMode
+(the matrix products and attention of the forward and backward passes; not the optimiser's
+elementwise work), per target token; a variant with probes or activation checkpointing is given
+its probes-off variant's count, so that its probes and recomputation are not counted as model
+work. Model FLOPs utilisation (MFU) is the FLOPs per second this gives over the GPU's dense peak
+at the run's precision (stabexp.plan.GPUS: A100, H100, H200); "-" on a CPU or another GPU.
+
 Peak memory: one fresh subprocess per variant (so variants do not share a high-water mark),
 `probe_window` steps including probe steps; on CUDA torch.cuda.max_memory_allocated, on the
 CPU the growth of peak RSS (VmHWM, reset just before the model is built) over the RSS then.
@@ -91,22 +98,26 @@ class BaselineLoop:
                                           batch_first=True).to(device)
         params = list(self.embed.parameters()) + list(self.transformer.parameters())
         self.opt = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.98))
+        # At the run's precision, as stabexp's Run autocasts (train.precision=bf16).
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16")
 
     def step(self, step: int) -> bool:
         src, tgt_in, tgt_out = self.task.train_batch()
         scale = math.sqrt(self.d)
-        x = self.embed(src) * scale + self.positions[: src.shape[1]]
-        y = self.embed(tgt_in) * scale + self.positions[: tgt_in.shape[1]]
-        if self.pad is None:
-            causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1], device=self.device)
-            out = self.transformer(x, y, tgt_mask=causal, tgt_is_causal=True)
-        else:  # boolean masks throughout (True: do not attend), as PyTorch wants them matched
-            T = tgt_in.shape[1]
-            causal = torch.ones(T, T, dtype=torch.bool, device=self.device).triu(1)
-            src_pad, tgt_pad = src == self.pad, tgt_in == self.pad
-            out = self.transformer(x, y, tgt_mask=causal, tgt_is_causal=True, src_key_padding_mask=src_pad,
-                                   tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
-        loss = self.task.loss(F.linear(out, self.embed.weight), tgt_out)  # the same loss as stabexp's
+        with self.autocast:
+            x = self.embed(src) * scale + self.positions[: src.shape[1]]
+            y = self.embed(tgt_in) * scale + self.positions[: tgt_in.shape[1]]
+            if self.pad is None:
+                causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1], device=self.device)
+                out = self.transformer(x, y, tgt_mask=causal, tgt_is_causal=True)
+            else:  # boolean masks throughout (True: do not attend), as PyTorch wants them matched
+                T = tgt_in.shape[1]
+                causal = torch.ones(T, T, dtype=torch.bool, device=self.device).triu(1)
+                src_pad, tgt_pad = src == self.pad, tgt_in == self.pad
+                out = self.transformer(x, y, tgt_mask=causal, tgt_is_causal=True, src_key_padding_mask=src_pad,
+                                       tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
+            logits = F.linear(out, self.embed.weight)
+        loss = self.task.loss(logits.float(), tgt_out)  # the same loss as stabexp's
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -153,6 +164,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def model_flops_per_token(loop, step: int) -> float:
+    """The FLOPs torch counts in one training step of `loop`, over the target tokens it consumed."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tokens_before = loop.task.target_tokens
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loop.step(step)
+    return counter.get_total_flops() / max(loop.task.target_tokens - tokens_before, 1)
+
+
+def peak_tflops(device: torch.device, precision: str) -> float:
+    """The GPU's dense peak at this precision (stabexp.plan.GPUS), NaN on a CPU or an unlisted GPU."""
+    from stabexp.plan import GPUS
+
+    if device.type != "cuda":
+        return float("nan")
+    name = torch.cuda.get_device_name(device).lower()
+    gpu = next((g for g in GPUS if g in name), None)
+    return GPUS[gpu]["bf16" if precision == "bf16" else "fp32"] if gpu else float("nan")
+
+
 def measure_speed(size: str, depth: int, steps: int, repeats: int, task: List[str],
                   device: torch.device, seed: int = 0, variants: List[str] = (), counter=None) -> Dict[str, Dict]:
     """Seconds per step and per target token of every variant, interleaved windows; medians of
@@ -164,12 +197,16 @@ def measure_speed(size: str, depth: int, steps: int, repeats: int, task: List[st
         loops = {v: make_loop(v, size, depth, task, seed, device, Path(tmp) / v.replace(":", "_"))
                  for v in windows}
         next_step = {}
-        for v, loop in loops.items():  # warm-up: allocator, kernels, Adam state
+        flops = {}
+        for v, loop in loops.items():  # warm-up: allocator, kernels, Adam state; then one counted step
             loop.step(1)
             loop.step(2)
-            next_step[v] = 3
+            flops[v] = model_flops_per_token(loop, 3)
+            next_step[v] = 4
             if counter:
                 counter.update()
+        # Model work only: a probing or recomputing variant takes its probes-off variant's count.
+        flops = {v: flops.get(probes_off(v), f) for v, f in flops.items()}
         per_step = {v: [] for v in loops}
         per_token = {v: [] for v in loops}
         for _ in range(repeats):
@@ -199,7 +236,9 @@ def measure_speed(size: str, depth: int, steps: int, repeats: int, task: List[st
             "tokens_per_s": statistics.median(1 / t for t in tok),
             "speed_vs_a": statistics.median(a[r] / tok[r] for r in range(repeats)) if a else nan,
             "probe_cost": statistics.median(tok[r] / base[r] - 1 for r in range(repeats)) if base else nan,
+            "flops_per_token": flops[v],
         }
+        result[v]["model_tflops"] = flops[v] * result[v]["tokens_per_s"] / 1e12
     return result
 
 
@@ -235,6 +274,8 @@ def run_bench(sizes, depths, steps, repeats, task_name: str, batch_size: int, ma
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"# device {device} ({name}), torch {torch.__version__}", file=sys.stderr, flush=True)
     task = task_overrides(task_name, batch_size, max_tokens) + list(overrides)
+    precision = variant_config("a", sizes[0], depths[0], task, 0, device.type).train.precision if sizes and depths else "fp32"
+    peak = peak_tflops(device, precision)
     rows = []
     for size in sizes:
         for depth in depths:
@@ -250,6 +291,7 @@ def run_bench(sizes, depths, steps, repeats, task_name: str, batch_size: int, ma
             counter.close()
             for v in chosen:
                 rows.append({"size": size, "depth": depth, "variant": v, **speed[v],
+                             "mfu": speed[v]["model_tflops"] / peak if peak == peak else None,
                              "peak_mib": mem.get(v),
                              "mem_vs_b": mem[v] / mem[probes_off(v)] if probes_off(v) in mem else None})
             print(f"# {size} {depth}L-{depth}L measured in {time.perf_counter() - t0:.0f} s",
@@ -258,6 +300,7 @@ def run_bench(sizes, depths, steps, repeats, task_name: str, batch_size: int, ma
                f"Multi30k De-En batches of at most {max_tokens} padded tokens")
     report = {"device": f"{device} ({name})" if device.type == "cuda" else str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
               "task": task_name, "batches": batches, "overrides": list(overrides), "steps_per_window": steps,
+              "precision": precision, "peak_tflops": peak if peak == peak else None,
               "repeats": repeats, "rows": rows}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json_text(report))
@@ -270,16 +313,18 @@ def format_table(report: Dict) -> str:
              f"{report['batches']}, medians over "
              f"{report['repeats']} interleaved windows of {report['steps_per_window']} steps "
              f"(10 for c)",
-             "", "| size | depth | variant | steps/s | target tokens/s | speed vs a | probe cost vs b | peak MiB | "
-             "memory vs b |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "", "| size | depth | variant | steps/s | target tokens/s | speed vs a | probe cost vs b | model TFLOP/s | "
+             "MFU | peak MiB | memory vs b |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         cost = f"{r['probe_cost']:+.1%}" if r["variant"] != "a" and r["probe_cost"] == r["probe_cost"] else "-"
         mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
         mem_ratio = f"{r['mem_vs_b']:.2f}" if r["mem_vs_b"] is not None and r["variant"] != "a" else "-"
         vs_a = f"{r['speed_vs_a']:.2f}" if r["speed_vs_a"] == r["speed_vs_a"] else "-"
+        tflops = f"{r['model_tflops']:.3g}" if r.get("model_tflops") is not None else "-"
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         lines.append(f"| {r['size']} | {r['depth']} | {r['variant']} | {r['steps_per_s']:.2f} | "
-                     f"{r['tokens_per_s']:.0f} | {vs_a} | {cost} | {mem} | {mem_ratio} |")
+                     f"{r['tokens_per_s']:.0f} | {vs_a} | {cost} | {tflops} | {mfu} | {mem} | {mem_ratio} |")
     return "\n".join(lines)
 
 

@@ -44,6 +44,10 @@ log = logging.getLogger("stabexp")
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 MEMORY_SHARE = 0.85  # of the machine's (a GPU's) memory the packed jobs' estimates may fill
+# What each process on a GPU holds besides its tensors (memory.run_bytes counts tensors only): its
+# CUDA context, cuBLAS workspaces and the caching allocator's slack. Several hundred MiB on an
+# A100/H100 with torch 2.x; rounded up to 1 GiB.
+GPU_PROCESS_BYTES = 2 ** 30
 PROGRESS_SECONDS = 60.0  # a progress line at every job's end, and at least this often
 
 
@@ -91,8 +95,11 @@ def packing(jobs: Sequence[Job], cores: int, memory: int, gpu_memory: Sequence[i
     largest = max((j.memory for j in jobs), default=1)
     budget = int(memory * MEMORY_SHARE)
     if jobs and any(j.on_gpu for j in jobs) and gpu_memory:
-        per_device = [max(1, int(m * MEMORY_SHARE) // largest) for m in gpu_memory]
-        slots = min(len(jobs), sum(per_device), at_most or sum(per_device))
+        # As many jobs per GPU as its memory holds, and no more jobs than cores: a process that
+        # feeds a GPU keeps a core busy launching its kernels.
+        per_device = [max(1, int(m * MEMORY_SHARE) // (largest + GPU_PROCESS_BYTES)) for m in gpu_memory]
+        fed = max(1, cores // threads) if threads else cores
+        slots = min(len(jobs), sum(per_device), fed, at_most or sum(per_device))
         return Packing(slots, threads or max(1, cores // slots), budget, _spread(per_device, slots))
     fit = max(1, budget // largest)
     slots = min(max(1, len(jobs)), fit, max(1, cores // threads) if threads else cores)
