@@ -11,10 +11,11 @@ import logging
 import shutil
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import yaml
 
+from stabexp import unfinished
 from stabexp.config import ConfigError, conf_dir, outputs_dir, run_name
 from stabexp.preflight import config_files, flags_first, make_folder, preflight, sweeps, user_config_dirs
 
@@ -38,8 +39,6 @@ Examples:
   stabexp run experiment=deepnet_depth scale=quick
 Run folders go under {outputs}"""
 
-# The jobs of this process's sweep that did not finish: (run folder, why), summed up at its end.
-_unfinished: List[Tuple[Path, str]] = []
 # Hydra's own record of the command (.hydra/) is turned off and written by the task once the
 # folder is known to be its run's (stabexp.train.folder.write_hydra_record); a command that
 # names another hydra.output_subdir keeps Hydra's own.
@@ -52,7 +51,7 @@ def _job_ended(out_dir: Path, why: str, hydra_cfg, err: Optional[BaseException] 
     other processes (joblib, submitit) the error raised for it to report, which it does once
     every job has run."""
     log.error("job %s %s", out_dir.name, why, exc_info=err)  # the traceback: terminal and the job's log
-    _unfinished.append((out_dir, why))
+    unfinished.JOBS.append((out_dir, why))
     if not any(name in str(hydra_cfg.launcher.get("_target_", "")) for name in ("BasicLauncher", "PackedLauncher")):
         raise RuntimeError(f"{out_dir}: {why}") from err
 
@@ -218,17 +217,17 @@ def _cmd_run(args: List[str], checked=None) -> int:
     # Flags first, then every override in one run: Hydra's argparse takes the overrides as one
     # positional list, so an override after a flag (`... --cfg job hydra.sweep.dir=...`) is refused.
     sys.argv = ["stabexp", *flags_first(args), *extra]
-    _unfinished.clear()
+    unfinished.JOBS.clear()
     try:
         _hydra_main()()
     finally:
         for e in extra:
             if e.startswith("hydra.sweep.dir=") and not distributed.is_rank0():
                 shutil.rmtree(e.split("=", 1)[1].strip("'"), ignore_errors=True)
-    if _unfinished and distributed.is_rank0():
-        print(f"stabexp: error: {len(_unfinished)} job(s) of the sweep did not finish (the others ran):",
+    if unfinished.JOBS and distributed.is_rank0():
+        print(f"stabexp: error: {len(unfinished.JOBS)} job(s) of the sweep did not finish (the others ran):",
               file=sys.stderr)
-        for out_dir, why in _unfinished:
+        for out_dir, why in unfinished.JOBS:
             print(f"  {out_dir}: {why}", file=sys.stderr)
         return 1
     return 0

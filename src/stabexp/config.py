@@ -373,9 +373,9 @@ class Config:
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="stabexp_schema", node=Config)
-    # The packed launcher's config (hydra/launcher=packed, the default), stored when its module
-    # is imported: Hydra's scan of hydra_plugins misses an editable install's folder.
-    import hydra_plugins.stabexp_launcher.packed_launcher  # noqa: F401
+    # The packed launcher's config node (hydra/launcher=packed, the default), stored when its
+    # module is imported: Hydra's scan of hydra_plugins misses an editable install's folder.
+    import hydra_plugins.stabexp_launcher.conf  # noqa: F401
 
 
 register_configs()

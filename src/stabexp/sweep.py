@@ -295,18 +295,18 @@ def run_job_process(writer, lifeline, job: Job, context, task_function, threads:
     import torch
 
     torch.set_num_threads(threads)
-    from stabexp import cli
+    from stabexp import unfinished
     from stabexp.train.recording import Progress
 
     Progress.bar_allowed = False  # bars of several processes on one terminal: lines instead
     setup_globals()
     HydraConfig.instance().set_config(job.config)
-    cli._unfinished.clear()
+    unfinished.JOBS.clear()
     message: Dict = {"ran": True}
     try:
         run_job(hydra_context=context, config=job.config, task_function=task_function,
                 job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-        message["unfinished"] = list(cli._unfinished)
+        message["unfinished"] = list(unfinished.JOBS)
     except (SystemExit, KeyboardInterrupt) as stopped:  # stopped on request (a second Ctrl-C: at once)
         why = "stopped before the end: the same command resumes it"
         message = {"stopped": getattr(stopped, "code", 128 + signal.SIGINT), "unfinished": [(job.out_dir, why)]}

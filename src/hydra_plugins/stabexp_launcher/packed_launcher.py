@@ -5,28 +5,16 @@ imports every launcher module when it starts, torch comes with the first sweep."
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from hydra_plugins.stabexp_launcher.conf import PackedLauncherConf  # noqa: F401  (stores hydra/launcher=packed)
+
 log = logging.getLogger("stabexp")
-
-
-@dataclass
-class PackedLauncherConf:
-    _target_: str = "hydra_plugins.stabexp_launcher.packed_launcher.PackedLauncher"
-    jobs: Optional[int] = None     # jobs at a time at most; null: as the cores and memory allow
-    threads: Optional[int] = None  # torch threads per job; null: train.threads, else the cores
-                                   # shared out among the jobs that run at once
-
-
-ConfigStore.instance().store(group="hydra/launcher", name="packed", node=PackedLauncherConf,
-                             provider="stabexp")
 
 
 class PackedLauncher(Launcher):
@@ -40,7 +28,7 @@ class PackedLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from stabexp import cli, sweep
+        from stabexp import sweep, unfinished
         from stabexp.memory import total_bytes
 
         setup_globals()
@@ -57,7 +45,7 @@ class PackedLauncher(Launcher):
         outcomes = sweep.launch(waiting, self.hydra_context, self.task_function, pack)
         returns = []
         for job in jobs:
-            cli._unfinished.extend(outcomes.get(job.idx, {}).get("unfinished", []))
+            unfinished.JOBS.extend(outcomes.get(job.idx, {}).get("unfinished", []))
             # What a job's failure is said by: its line now, and cmd_run's sum at the end (the
             # sweep is not stopped by raising it, as Hydra's sweeper would for a failed status).
             returns.append(JobReturn(overrides=list(job.overrides), cfg=sweep.task_config(job.config),

@@ -494,5 +494,5 @@ CLAIMS = [
           (Cells("deepnet_bound_encdec", ("postln", "postln_init", "deepnorm"), (6, 18, 50), measures=("bound_min_ratio", "bound@1")),),
           _bound("deepnet_bound_encdec", (6, 18, 50), 5 / 8), "28-deepnets-encoder-decoder-bound-measured-theorem-43",
           revised="2026-12-04, before its runs: as deepnet-thm41, with the encoder-decoder constants' N^(5/8) (not run → not run).",
-          cost="about 72 min here: deepnet_bound_encdec's one seed took 24 min on 2026-12-02 with other work sharing the cores; one GPU: not measured, the GPU path has not run"),
+          cost="about 17 min here: its three seeds took 16 min 23 s packed two at a time on 2026-12-05; one GPU: not measured, the GPU path has not run"),
 ]
