@@ -45,7 +45,7 @@ class Cells:
     measures: Tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # ten fields: each named where a claim is written
 class Claim:
     id: str                         # short, stable: `stabexp claims --json` keys on it
     source: str                     # the paper and where in it ("DeepNet Fig. 5 (v1)")
