@@ -9,7 +9,11 @@ inside `explicit_attention()` (model/transformer.py), here around the training f
 run with QK-Clip computes attention by hand rather than with the fused kernel.
 
 The rescaling is a factor per row of the parameters W_q and W_k are rows of (the fused QKV
-projection, say): under FSDP2, whose shards are rows, each rank scales the rows it holds.
+projection, say): under FSDP2, whose shards are rows, each rank scales the rows it holds. On K
+ranks every replica clips by the largest logit of the global batch.
+
+It steers the step from outside the loop, as a StepHook (train/hooks.py): around the training
+forward it keeps the logits, after the optimiser step it clips.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from typing import Dict, List, Tuple
 import torch
 import torch.nn as nn
 
+from stabexp import distributed
 from stabexp.distributed import local, local_part
 from stabexp.model.transformer import explicit_attention
 from stabexp.probes import hooked, read_with
+from stabexp.train.hooks import StepHook
 
 
-class QKClip:
+class QKClip(StepHook):
     def __init__(self, model: nn.Module, tau: float):
         self.tau = tau
         self.attentions: List[nn.Module] = [a for a in model.attentions() if a is not None]
@@ -38,6 +44,14 @@ class QKClip:
             # activation checkpointing the forward runs twice, and the max is the same.
             self.max_logits[i] = torch.maximum(self.max_logits[i], logits.detach().amax(dim=(0, 2, 3)))
         return keep_max
+
+    def around_forward(self):
+        return self.observing()
+
+    def after_optimizer_step(self) -> None:
+        if distributed.world() > 1:  # every replica clips by the largest logit of the global batch
+            self.max_logits = list(distributed.max_(torch.stack(self.max_logits)))
+        self.clip()
 
     @contextmanager
     def observing(self):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -62,7 +62,8 @@ class Run:
         if t.compile:
             self.train_model = torch.compile(self.train_model)
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16")
-        self.qk_clip = QKClip(model, t.qk_clip_tau) if t.qk_clip_tau > 0 else None
+        # What steers the step (train/hooks.py): only those the config turns on.
+        self.hooks = [QKClip(model, t.qk_clip_tau)] if t.qk_clip_tau > 0 else []
         self.opt = build_optimizer(cfg, model, self.device)  # after wrapping: FSDP2 swaps in shards
         self.sched = lr_schedule(cfg, self.opt)
         self.lr = self.sched.get_last_lr()[0]  # of the step just taken: the probes' ctx.lr()
@@ -137,7 +138,9 @@ class Run:
     def step(self, step: int) -> bool:
         """Optimiser step number `step` (1-based), probing if due; False when it diverged."""
         t, cadence, model = self.cfg.train, self.cadence, self.model
-        with self.autocast, self.qk_clip.observing() if self.qk_clip is not None else nullcontext():
+        with self.autocast, ExitStack() as around:
+            for hook in self.hooks:
+                around.enter_context(hook.around_forward())
             loss = training_loss(self.train_model, self.task, self.task.train_batch(), t.z_loss, self.world)
         self.opt.zero_grad(set_to_none=True)
         # K ranks: DDP and FSDP2 average the gradients over the ranks, so K times each share's
@@ -152,10 +155,8 @@ class Run:
         if t.clip_norm > 0:
             clip_gradients(model, t.clip_norm, distributed.is_sharded(model))
         self.opt.step()
-        if self.qk_clip is not None:
-            if self.world > 1:  # every replica clips by the largest logit of the global batch
-                self.qk_clip.max_logits = list(distributed.max_(torch.stack(self.qk_clip.max_logits)))
-            self.qk_clip.clip()
+        for hook in self.hooks:
+            hook.after_optimizer_step()
         self.sched.step()
         self.steps_done, self.lr = step, lr
         row = None
