@@ -422,3 +422,54 @@ def test_the_monitor_logs_to_the_trackers_what_it_writes(tmp_path):
     tag = "ln_input_norm/decoder/2/ffn"
     assert_same_points(scalars(acc, tag), csv_column(folder / "layers.csv", "ln_input_norm", stack="decoder", layer=2,
                                                      sublayer="ffn"), tag)
+
+
+def test_a_monitor_takes_its_folder_as_a_run_does(tmp_path):
+    """The folder's lock held while it runs; a folder holding a run's files, or held by a live
+    process, refused in one line with nothing touched; overwrite=True replaces a finished run."""
+    from stabexp.errors import ConfigError
+    from stabexp.train.files import RunLock
+
+    model, batch = _gpt2(1), _tokens(2, T)
+    first = Monitor(model, batch, tmp_path / "m", every=1)
+    with pytest.raises(ConfigError, match="is being run by pid"):
+        Monitor(model, batch, tmp_path / "m")  # a second monitor while the first writes
+    first.step(1.0)
+    first.close()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match=r"holds a run's files \(summary.json.*overwrite=True") as refused:
+        Monitor(model, batch, tmp_path / "m")
+    assert "\n" not in str(refused.value)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir() if p.is_file()} == before
+    again = Monitor(model, batch, tmp_path / "m", overwrite=True)
+    again.close()
+    assert pd.read_csv(tmp_path / "m" / "metrics.csv").step.tolist() == [0]  # the old run's rows gone
+
+    held = RunLock(tmp_path / "live").acquire()  # a run (or anything) holding its folder
+    try:
+        with pytest.raises(ConfigError, match="is being run by"):
+            Monitor(model, batch, tmp_path / "live")
+    finally:
+        held.release()
+    assert not (tmp_path / "live" / "metrics.csv").exists()
+
+
+def test_a_monitor_refuses_bad_arguments_in_one_line(tmp_path):
+    from stabexp.errors import ConfigError
+
+    model, batch = _gpt2(1), _tokens(2, T)
+    for options, words in (({"every": 0}, "every=0 is not allowed"), ({"eval_every": 0}, "eval_every=0 is not allowed"),
+                           ({"first_steps": -1}, "first_steps=-1 is not allowed"), ({"steps": 0}, "steps=0 is not allowed")):
+        with pytest.raises(ConfigError, match=words):
+            Monitor(model, batch, tmp_path / "bad", **options)
+    with pytest.raises(ConfigError, match="has no parameters"):
+        Monitor(nn.ReLU(), batch, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()  # refused before the folder is made
+    monitor = Monitor(model, batch, tmp_path / "ok")
+    with pytest.raises(TypeError, match="loss is a str"):
+        monitor.step("0.5")
+    monitor.step(torch.tensor(0.5))
+    monitor.close()
+    assert monitor.close()["steps_done"] == 1  # a second close writes nothing more
+    with pytest.raises(RuntimeError, match="after monitor.close"):
+        monitor.step(0.4)

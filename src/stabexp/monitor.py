@@ -14,7 +14,12 @@ each weight matrix's norm and angular update, written as a `stabexp run` writes 
 
 With `optimizer=`, the gradients are read in the optimiser's step pre-hook (those it steps
 with, after any clipping of the loop's); without it, call `monitor.before_step()` between the
-backward pass and the optimiser step. `LightningMonitor` and `HFTrainerMonitor` are the same
+backward pass and the optimiser step.
+
+A monitor takes its folder as `stabexp run` takes a run folder: it holds the folder's lock
+(run.lock) until it closes, so a second monitor or a run cannot write into it meanwhile, and it
+refuses a folder that holds a run's files (a run's or another monitor's), unless
+`overwrite=True`, which replaces them. `LightningMonitor` and `HFTrainerMonitor` are the same
 monitor as a Lightning callback and a Hugging Face Trainer callback.
 """
 
@@ -36,7 +41,8 @@ from stabexp.errors import ConfigError
 from stabexp.probes.adapters import Adapter, StabexpAdapter, adapter_for
 from stabexp.probes.base import PROBE_BATCH, REFERENCE, STABEXP_MODEL, SUBLAYERS, ProbeContext, ProbeSet
 from stabexp.tracking import Trackers
-from stabexp.train.files import SUMMARY, write_json
+from stabexp.train.files import SUMMARY, RunLock, RunLocked, write_json
+from stabexp.train.folder import RUN_FILES, clear
 from stabexp.train.recording import Recorder, eval_results
 
 # The probes a monitor runs, by the name `probes=` takes, and the probe.<flag> that turns each on.
@@ -60,6 +66,10 @@ def optimiser_name(optimizer: Optional[torch.optim.Optimizer]) -> str:
 def monitor_config(probes: Sequence[str], every: int, first_steps: int, optimizer, logger) -> DictConfig:
     """The config a monitor's probes and trackers read: stabexp's schema for `probe`, `train`,
     `optim` and `logger`, set from the arguments."""
+    if not isinstance(every, int) or every < 1:
+        raise ConfigError(f"every={every!r} is not allowed: an integer >= 1 (a step k is probed when k % every == 0)")
+    if not isinstance(first_steps, int) or first_steps < 0:
+        raise ConfigError(f"first_steps={first_steps!r} is not allowed: an integer >= 0")
     unknown = [p for p in probes if p not in FLAGS and not plugins.is_dotted_path(p)
                and p not in plugins.names("probe")]
     if unknown:
@@ -99,7 +109,8 @@ class Monitor:
     every, first_steps: as probe.every and probe.first_steps (a step k is probed when
     k <= first_steps or k % every == 0). optimizer: read for the lr, the optimiser's name and
     weight decay (summary.json, the effective lr), and hooked for the gradients before each
-    step. logger: "tensorboard", "mlflow", "wandb" or a list of them. describe: what
+    step. logger: "tensorboard", "mlflow", "wandb" or a list of them. overwrite: replace the
+    run's files a folder holds (refused without it). describe: what
     summary.json says of the run (group, depth, model, task, seed, ...), for `stabexp report`.
     evaluate(model) -> {"eval_loss": ..., "eval_acc": ...}: run (in eval mode) every
     `eval_every` steps and at step `steps`, the metrics row's eval columns and summary.json's
@@ -112,12 +123,18 @@ class Monitor:
                  logger: Union[None, str, Sequence[str]] = None, describe: Optional[Dict] = None,
                  evaluate: Optional[Callable[[nn.Module], Dict[str, float]]] = None, eval_every: int = 100,
                  steps: Optional[int] = None, config: Optional[DictConfig] = None, task=None,
-                 hook_optimizer: bool = True):
+                 hook_optimizer: bool = True, overwrite: bool = False):
         self.model, self.optimizer = model, optimizer
         self.evaluate, self.eval_every, self.steps = evaluate, eval_every, steps
+        self.closed = False
+        if not isinstance(eval_every, int) or eval_every < 1:
+            raise ConfigError(f"eval_every={eval_every!r} is not allowed: an integer >= 1")
+        if steps is not None and (not isinstance(steps, int) or steps < 1):
+            raise ConfigError(f"steps={steps!r} is not allowed: an integer >= 1, or None")
+        if next(model.parameters(), None) is None:
+            raise ConfigError(f"{type(model).__name__} has no parameters: the monitor measures a model's "
+                              "parameters, their gradients and updates")
         self.adapter = adapter if adapter is not None else adapter_for(model)
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.cfg = config if config is not None else monitor_config(probes, every, first_steps, optimizer, logger)
         classes = plugins.probes(self.cfg)
         given = {SUBLAYERS, PROBE_BATCH, REFERENCE} | ({STABEXP_MODEL} if isinstance(self.adapter, StabexpAdapter)
@@ -129,6 +146,16 @@ class Monitor:
                                   f"{type(model).__name__} does not give")
             if config is not None or STABEXP_MODEL not in probe.needs:
                 probe.check(self.cfg)
+        # Everything checked: the folder is taken (and, with overwrite, its run's files removed).
+        self.out_dir = Path(out_dir)
+        self.lock = _take_folder(self.out_dir, overwrite)
+        try:
+            self._start(classes, model, probe_batch, optimizer, describe, steps, task, hook_optimizer)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _start(self, classes, model, probe_batch, optimizer, describe, steps, task, hook_optimizer) -> None:
         device = next(model.parameters()).device
         self.summary: Dict[str, Any] = {
             "status": "running", "group": type(model).__name__, "arch": type(model).__name__,
@@ -167,16 +194,31 @@ class Monitor:
 
     def before_step(self) -> None:
         """Between the backward pass and the optimiser step of the next step: its gradients."""
+        self._open("before_step")
         step = self.steps_done + 1
         if self.optimizer is not None:
             self.lr = float(self.optimizer.param_groups[0]["lr"])
         self.probes.before_step(step, self.is_probe_step(step))
         self.before_done = True
 
+    def _open(self, what: str) -> None:
+        if self.closed:
+            raise RuntimeError(f"monitor.{what}() after monitor.close(): {self.out_dir} is closed")
+
     def step(self, loss: Union[None, float, torch.Tensor] = None) -> Optional[Dict]:
         """After the optimiser step: the step's rows where it is probed (its metrics row, returned)."""
+        self._open("step")
+        if isinstance(loss, torch.Tensor):
+            if loss.numel() != 1:
+                raise TypeError(f"monitor.step(loss): loss is a tensor of shape {tuple(loss.shape)}: "
+                                "give the step's scalar loss (or None)")
+            loss = float(loss.detach())
+        elif loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float))):
+            raise TypeError(f"monitor.step(loss): loss is a {type(loss).__name__} ({loss!r:.40}): "
+                            "give a number, a scalar tensor or None")
+        elif loss is not None:
+            loss = float(loss)
         step = self.steps_done = self.steps_done + 1
-        loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
         self.last_loss = loss if loss is not None else self.last_loss
         self.before_done = False
         probing = self.is_probe_step(step)
@@ -200,7 +242,17 @@ class Monitor:
         return self.recorder.write(row, rows)
 
     def close(self, status: str = "completed") -> Dict:
-        """The end: the probes' last rows (where a probe measures at the end), summary.json."""
+        """The end: the probes' last rows (where a probe measures at the end), summary.json; the
+        folder's lock released. A second close returns the summary and writes nothing."""
+        if self.closed:
+            return self.summary
+        self.closed = True
+        try:
+            return self._finish(status)
+        finally:
+            self.lock.release()
+
+    def _finish(self, status: str) -> Dict:
         if self.handle is not None:
             self.handle.remove()
         if status == "completed" and self.steps_done > 0:
@@ -213,6 +265,24 @@ class Monitor:
         self.trackers.finish(self.summary, self.out_dir)
         self.recorder.close()
         return self.summary
+
+
+def _take_folder(out_dir: Path, overwrite: bool) -> RunLock:
+    """The folder's lock, held by the monitor; a folder a live process holds, or one holding a
+    run's files (without overwrite), refused in one line with nothing written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = RunLock(out_dir).acquire()
+    except RunLocked as err:
+        raise ConfigError(str(err)) from None
+    present = [name for name in RUN_FILES if (out_dir / name).exists()]
+    if present and not overwrite:
+        lock.release()
+        raise ConfigError(f"{out_dir} holds a run's files ({', '.join(present[:3])}): give the monitor a folder "
+                          "of its own, or overwrite=True to replace that run")
+    if present:
+        clear(out_dir)
+    return lock
 
 
 def _lightning_callback_base():
