@@ -298,3 +298,50 @@ def test_the_processes_of_one_run_refuse_together(make_cfg, monkeypatch):
     monkeypatch.setattr(distributed, "gather", lambda obj: [obj, "train.batch_size=8 is not allowed here: rank 1"])
     with pytest.raises(ConfigError, match="rank 1"):
         trainer.check(make_cfg("group=postln"))
+
+
+def _spoil(summary: Path, kind: str) -> None:
+    """summary.json made into something that is not a run's summary."""
+    import os
+
+    data = json.loads(summary.read_text())
+    if kind in ("dir", "fifo"):
+        summary.unlink()
+        summary.mkdir() if kind == "dir" else os.mkfifo(summary)
+        return
+    text = {"optim": lambda: json.dumps(dict(data, optim="adam")), "seed": lambda: json.dumps(dict(data, seed=[1])),
+            "number": lambda: "5", "truncated": lambda: json.dumps(data)[:40]}[kind]()
+    summary.write_text(text)
+
+
+@pytest.mark.parametrize("kind", ["optim", "seed", "number", "truncated", "dir", "fifo"])
+def test_a_summary_that_is_not_a_runs_is_skipped_by_readers_and_refused_by_a_run(kind, make_cfg, tmp_path, caplog):
+    """Hand-edited or foreign summary.json files: every reader (collect, hence the claims and the
+    report; status; the API) skips or names it instead of failing or hanging, the other runs are
+    read, and a run into its folder is refused in one line and touches nothing."""
+    from stabexp.api import load_run
+    from stabexp.plotting.collect import collect
+    from stabexp.status import run_state
+
+    good, bad = tmp_path / "sweep" / "good", tmp_path / "sweep" / "bad"
+    cfg = make_cfg("group=postln")
+    trainer.train(cfg, good)
+    trainer.train(cfg, bad)
+    _spoil(bad / "summary.json", kind)
+    metrics = (bad / "metrics.csv").read_bytes()
+    runs = collect(tmp_path / "sweep")["runs"]
+    assert runs.run.tolist() == ["good"]
+    assert any("skipped" in r.message and str(bad) in r.message for r in caplog.records)
+    state = run_state(bad)
+    assert state["status"] == "unreadable" and "summary.json is not a run's" in state["note"]
+    with pytest.raises((ValueError, FileNotFoundError), match="not a run"):
+        load_run(bad)
+    with pytest.raises(ConfigError, match="is not a run's summary") as refused:
+        trainer.train(cfg, bad)
+    assert "\n" not in str(refused.value)
+    assert (bad / "metrics.csv").read_bytes() == metrics
+    if kind in ("dir", "fifo"):  # not a file: never replaced, even with overwrite
+        with pytest.raises(ConfigError, match="remove it"):
+            trainer.train(make_cfg("group=postln", "overwrite=true"), bad)
+    else:
+        assert trainer.train(make_cfg("group=postln", "overwrite=true"), bad)["status"] == "completed"

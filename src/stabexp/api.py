@@ -21,6 +21,7 @@ here. docs/api.md has a worked example.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -49,7 +50,7 @@ from stabexp.analysis import (  # noqa: F401  (re-exported: the fits the report 
 from stabexp.config import outputs_dir
 from stabexp.plotting.collect import Tables, collect
 from stabexp.plotting.figures import preset_tables, read_collected
-from stabexp.train.files import read_json
+from stabexp.train.files import read_json, summary_file_problem
 
 PathLike = Union[str, Path]
 
@@ -112,8 +113,11 @@ def load_run(path: PathLike, root: Optional[PathLike] = None) -> Run:
     the `run` column of a sweep's tables."""
     folder = _folder(path, root)
     summary_file = folder / "summary.json"
-    if not summary_file.is_file():
+    if not os.path.lexists(summary_file):
         raise FileNotFoundError(f"{folder} is not a run folder: it holds no summary.json")
+    problem = summary_file_problem(summary_file)
+    if problem:
+        raise ValueError(f"{summary_file} is not a run's summary: {problem}")
     summary = read_json(summary_file)
     config = {}
     if (folder / "config.yaml").is_file():

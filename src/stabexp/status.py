@@ -11,6 +11,7 @@ Hydra's basic sweeper does), so runs that have not started yet are listed too.
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -18,7 +19,7 @@ import yaml
 
 from stabexp.config import run_name
 from stabexp.train.checkpoint import CHECKPOINT
-from stabexp.train.files import current_status, read_summary
+from stabexp.train.files import SUMMARY, current_status, read_summary, summary_file_problem
 
 STATES = ("completed", "diverged", "running", "interrupted", "failed", "not started")
 
@@ -26,9 +27,10 @@ STATES = ("completed", "diverged", "running", "interrupted", "failed", "not star
 def run_state(run: Path) -> Dict:
     """status, last step written, the step a rerun resumes from, and the error if any."""
     summary = read_summary(run) or {}
-    status = current_status(run, summary.get("status"))
+    unreadable = summary_file_problem(run / SUMMARY) if not summary and os.path.lexists(run / SUMMARY) else None
+    status = "unreadable" if unreadable else current_status(run, summary.get("status"))
     checkpoint_step = summary.get("checkpoint_step") if (run / CHECKPOINT).exists() else None
-    if status in ("completed", "diverged", "not started"):
+    if status in ("completed", "diverged", "not started", "unreadable"):
         resumes = "-"
     elif status == "running":
         resumes = f"step {checkpoint_step}" if checkpoint_step else "start"
@@ -36,7 +38,8 @@ def run_state(run: Path) -> Dict:
         resumes = f"step {checkpoint_step}" if checkpoint_step else "start (no checkpoint)"
     return {"run": run.name, "status": status, "last_step": _last_step(run / "metrics.csv"),
             "steps": summary.get("steps"), "resumes_at": resumes,
-            "note": (summary.get("error") or "") if status == "failed" else
+            "note": f"summary.json is not a run's: {unreadable}" if unreadable else
+                    (summary.get("error") or "") if status == "failed" else
                     (f"at step {summary.get('diverged_at_step')}" if status == "diverged" else
                      (f"by {summary['interrupted_by']}" if summary.get("interrupted_by") else ""))}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from stabexp.train.files import read_summary
+from stabexp.train.files import read_summary, summary_file_problem
 
 log = logging.getLogger("stabexp")
 
@@ -55,8 +55,9 @@ def collect(outputs: Path) -> Tables:
     runs, files = [], {name: [] for name in RUN_FILES}
     for folder in find_runs(outputs):
         summary = read_summary(folder)
-        if summary is None or not isinstance(summary, dict):
-            log.warning("skipped %s: its summary.json is not a run's summary", folder)
+        if summary is None:
+            log.warning("skipped %s: its summary.json is not a run's (%s)", folder,
+                        summary_file_problem(folder / "summary.json"))
             continue
         run_id = str(folder.relative_to(root))
         overrides = _overrides(folder)

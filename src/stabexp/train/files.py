@@ -121,14 +121,48 @@ def read_header(path: Path) -> Optional[List[str]]:
         return next(csv.reader(f), None)
 
 
+# The keys of a run's summary.json whose readers (the trainer, collect, the claims, the report)
+# need their type: a file with one of them of another type (a hand edit, another program's file)
+# is not a run's summary, and its readers skip it rather than fail on it.
+SUMMARY_TYPES = {"status": str, "depth": int, "decoder_depth": int, "seed": int, "steps": int,
+                 "steps_done": int, "optim": dict, "theory": dict, "data": dict, "constants": dict,
+                 "code_versions": list}
+
+
+def summary_problem(data) -> Optional[str]:
+    """Why `data` (summary.json as read) is not a run's summary; None when it is one."""
+    if not isinstance(data, dict):
+        kind = {"list": "a list", "int": "a number", "float": "a number", "str": "a string"}.get(type(data).__name__, "no mapping")
+        return f"it holds {kind}, not a mapping of a run's fields"
+    for key, kind in SUMMARY_TYPES.items():
+        value = data.get(key)
+        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            return f"its {key!r} is {json.dumps(value)[:40]}, where a run's summary has a{'n' * (kind is int)} {kind.__name__}"
+    return None
+
+
+def summary_file_problem(path: Path) -> Optional[str]:
+    """Why the summary.json at `path` cannot be read as a run's; None when it can."""
+    path = Path(path)
+    if not path.is_file():  # a folder, or a FIFO, which reading would wait on for ever
+        return "it is not a regular file"
+    try:
+        return summary_problem(read_json(path))
+    except (ValueError, OSError) as err:  # not JSON, not text at all, unreadable
+        return f"it cannot be read as JSON ({str(err).splitlines()[0][:60]})"
+
+
 def read_summary(out_dir: Path) -> Optional[Dict]:
+    """A run folder's summary.json; None when it has none, or when what it has is not a run's
+    summary (summary_file_problem says why)."""
     path = Path(out_dir) / SUMMARY
-    if not path.exists():
+    if not path.is_file():  # none, or a folder or a FIFO in its place
         return None
     try:
-        return read_json(path)
-    except ValueError:  # not JSON, or not text at all
+        data = read_json(path)
+    except (ValueError, OSError):
         return None
+    return data if summary_problem(data) is None else None
 
 
 class CsvLog:

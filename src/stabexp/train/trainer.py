@@ -11,6 +11,7 @@ it knows neither's insides. docs/outputs.md describes every file and column.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 import traceback
@@ -25,7 +26,7 @@ from stabexp.config import ConfigError, resolved, validate, validate_world
 from stabexp.data import Task, make_task
 from stabexp.train import checkpoint, folder
 from stabexp.atomic import remove_partials, write_atomic
-from stabexp.train.files import SUMMARY, RunLock, RunLocked, read_summary, write_json
+from stabexp.train.files import SUMMARY, RunLock, RunLocked, read_summary, summary_file_problem, write_json
 from stabexp.train.recording import group_name
 from stabexp.train.build import check_parallel, device_of
 from stabexp.train.run import Run
@@ -189,7 +190,7 @@ def steps(run: Run, cfg: DictConfig, out_dir: Path, summary: Dict) -> None:
 def _finished(out_dir: Path, cfg: DictConfig):
     """The summary of the folder's finished run of this config (None: none, or overwrite), or
     the one line refusing a folder that holds a run of another config."""
-    refused = folder.refused(out_dir, cfg)
+    refused = folder.refused(out_dir, cfg) or _unreadable_summary(out_dir, cfg)
     if refused:
         return refused
     previous = finished(out_dir, cfg)
@@ -203,6 +204,17 @@ def finished(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
     has none (or overwrite replaces it)."""
     previous = read_summary(out_dir)
     return previous if previous and previous.get("status") in FINISHED and not cfg.overwrite else None
+
+
+def _unreadable_summary(out_dir: Path, cfg: DictConfig) -> Optional[str]:
+    """The one line refusing a folder whose summary.json is not a run's: what it holds is not
+    this run's to replace, unless overwrite says so (a folder or a FIFO in its place, never)."""
+    path = out_dir / SUMMARY
+    problem = summary_file_problem(path) if os.path.lexists(path) else None
+    if problem is None or (cfg.overwrite and path.is_file()):
+        return None
+    fix = "overwrite=true replaces it" if path.is_file() else "remove it, or give this run another folder"
+    return f"{path} is not a run's summary ({problem}): {fix}"
 
 
 def _claim(lock: RunLock, out_dir: Path, cfg: DictConfig):
