@@ -47,6 +47,32 @@ def test_a_deep_model_is_traced_shallow_and_extrapolated(capsys):
         assert extrapolated[kind] == pytest.approx(traced[kind], rel=0.02), kind
 
 
+@pytest.mark.parametrize("group", ["postln", "dlcl"])
+def test_a_deep_models_parameters_are_counted_without_building_it(group, monkeypatch):
+    """Above the traced depths the count is interpolated through three of them: exact for a model
+    linear in depth and for DLCL's, quadratic (its weights over every earlier layer); a
+    100,000-layer model is never built (minutes and gigabytes even on the meta device). The trace
+    is stood in for by the meta-built model's count (the memory figures are test_a_deep_model_...'s)."""
+    import torch
+
+    import stabexp.plan as plan_module
+    from stabexp.data import make_task
+    from stabexp.model import build_model
+
+    def count(cfg):
+        assert cfg.depth <= 24, "the deep model was built"
+        task = make_task(cfg, torch.device("cpu"))
+        with torch.device("meta"):
+            return sum(p.numel() for p in build_model(cfg, task.vocab_size, task.pad_id, task.max_positions).parameters())
+
+    monkeypatch.setattr(plan_module, "trace", lambda cfg, world: {"peak": 1.0, "parameter_count": float(count(cfg))})
+    deep = compose([*TINY, f"group={group}", "depth=40"])
+    assert plan_module.plan(deep, 1)["parameter_count"] == sum(
+        p.numel() for p in build_model(deep, *(lambda t: (t.vocab_size, t.pad_id, t.max_positions))(
+            make_task(deep, torch.device("cpu")))).parameters())
+    assert plan_module.plan(compose([*TINY, f"group={group}", "depth=100000"]), 1)["parameter_count"] > 100000 * 16 * 16
+
+
 def test_the_table_names_the_run_and_whether_it_fits(capsys):
     assert main(["plan", *RUN, "--world", "2", "train.parallel=fsdp", "--gpu-memory", "0.0001", "--gpu", "a100"]) == 0
     out = capsys.readouterr().out
@@ -63,6 +89,9 @@ def test_the_table_names_the_run_and_whether_it_fits(capsys):
     (["--world=two"], "--world='two' is not allowed"),
     (["--gpu=v100"], "--gpu=v100 is not allowed: a100, h100, h200"),
     (["-m", "seed=0,1"], "stabexp plan plans one run"),
+    (["--gpu-memory", "nan"], "--gpu-memory=nan is not allowed: the memory of one GPU in GiB"),
+    (["--gpu-memory=inf"], "--gpu-memory=inf is not allowed"),
+    (["train.batch_size=1000000000000"], "train.batch_size=1000000000000 is too large to plan here"),
 ])
 def test_bad_input_is_one_line(args, line, capsys):
     assert main(["plan", *RUN, *args]) == 2

@@ -29,6 +29,7 @@ The tracker counts tensors; a GPU adds its CUDA context and the caching allocato
 from __future__ import annotations
 
 import json
+import math
 import sys
 from contextlib import nullcontext
 from typing import Dict, List, Optional, Sequence
@@ -206,18 +207,25 @@ def plan(cfg: DictConfig, world: int, full_trace: bool = False) -> Dict:
         fitted[key] = float(intercept + slope * depth)
         if key == "peak":
             residual = float(((intercept + slope * x - y).abs() / y).max())
-    fitted["parameter_count"] = float(_parameters(cfg))
+    # The parameter count is a polynomial of degree at most 2 in the depth (DLCL's weights over
+    # the earlier layers make it quadratic, every other model linear): through the three traced
+    # depths it is exact, without building the deep model (a 100,000-layer one takes minutes and
+    # gigabytes even on the meta device).
+    counts = [r["parameter_count"] for r in rows]
+    fitted["parameter_count"] = float(round(sum(
+        c * math.prod((depth - TRACE_DEPTHS[j]) / (TRACE_DEPTHS[i] - TRACE_DEPTHS[j]) for j in range(3) if j != i)
+        for i, c in enumerate(counts))))
     return {"depth": depth, "traced": list(TRACE_DEPTHS), "extrapolated": True, "fit_residual": residual, **fitted}
 
 
-def _parameters(cfg: DictConfig) -> int:
-    from stabexp.data import make_task
-    from stabexp.model import build_model
-
-    task = make_task(cfg, torch.device("cpu"))
-    with torch.device("meta"):
-        model = build_model(cfg, task.vocab_size, task.pad_id, task.max_positions)
-    return sum(p.numel() for p in model.parameters())
+def traced_batch_bytes(cfg: DictConfig) -> int:
+    """The host memory of the real batches a trace draws (two training batches of token ids, each
+    its source, input and target): only the model's tensors are fake. 0 where the corpus, not
+    train.batch_size, sets a batch's shape."""
+    t = cfg.task
+    if t.kind not in ("sort", "reverse", "lm"):
+        return 0
+    return 2 * 3 * 8 * cfg.train.batch_size * (t.seq_len + 1)
 
 
 def seconds_per_step(flops: float, gpu: str, precision: str, mfu: float) -> float:
@@ -263,6 +271,7 @@ USAGE = ("usage: stabexp plan OVERRIDES [--world K] [--gpu-memory GB] [--gpu a10
 
 def main(args: Sequence[str]) -> int:
     from stabexp.config import compose
+    from stabexp.memory import available_bytes
     from stabexp.preflight import preflight
 
     args = list(args)
@@ -277,6 +286,11 @@ def main(args: Sequence[str]) -> int:
         if checked.multirun:
             raise ConfigError("stabexp plan plans one run: drop -m and give each swept key one value")
         cfg = compose(checked.overrides)
+        need, free = traced_batch_bytes(cfg), available_bytes(torch.device("cpu"))
+        if need > free // 2:
+            raise ConfigError(f"train.batch_size={cfg.train.batch_size} is too large to plan here: the trace draws two "
+                              f"real batches of token ids ({need / 2 ** 30:,.1f} GiB) and this machine has "
+                              f"{free / 2 ** 30:.1f} GiB free")
         result = plan(cfg, world, opts["full_trace"])
     except ConfigError as err:
         print(f"stabexp: error: {err}", file=sys.stderr)
@@ -306,7 +320,8 @@ def _options(args: List[str]) -> Dict:
             except ValueError:
                 raise ConfigError(f"{flag}={value!r} is not allowed: {allowed}") from None
             bad = ((key == "world" and opts[key] < 1) or (key == "gpu" and value not in GPUS)
-                   or (key == "mfu" and not 0 < opts[key] <= 1) or (key == "gpu_memory" and opts[key] <= 0))
+                   or (key == "mfu" and not 0 < opts[key] <= 1)
+                   or (key == "gpu_memory" and not (0 < opts[key] < math.inf)))
             if bad:
                 raise ConfigError(f"{flag}={value} is not allowed: {allowed}")
         elif arg in ("--json", "--full-trace"):
