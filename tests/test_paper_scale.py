@@ -73,7 +73,9 @@ def test_every_part_runs_on_the_cpu_and_writes_what_docs_data_keeps(tmp_path, co
 
 @pytest.mark.slow
 def test_a_part_past_its_time_is_cut_and_says_so(tmp_path, corpus_dir):
-    done = _paper_scale(tmp_path, corpus_dir, "--parts", "deepnet_depth_paper,admin_clinic", "--budget", "40")
+    # Runs far longer than the part's few seconds: train.steps for every Multi30k run.
+    done = _paper_scale(tmp_path, corpus_dir, "--parts", "deepnet_depth_paper,admin_clinic", "--budget", "40",
+                        "--override", "train.steps=100000")
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert _parts(summary)["deepnet_depth_paper"].startswith("cut after"), summary
     assert done.returncode == 0  # a cut part is an outcome, not a failure

@@ -86,12 +86,22 @@ def test_a_gpu_reads_losses_only_at_probe_steps_and_records_the_same_divergence(
 
 @pytest.mark.parametrize("status, skipped", [
     ("completed", True), ("diverged", True),
-    ("running", False), ("failed", False), ("interrupted", False), ("unreadable", False),
+    ("running", False), ("failed", False), ("interrupted", False), ("unreadable", None),
 ])
 def test_which_earlier_runs_are_left_alone(make_cfg, tmp_path, status, skipped):
+    """A finished run is left as it is, an unfinished one run again; a summary.json that is not a
+    run's (stabexp writes it atomically, so not one of its own) is refused until overwrite=true."""
+    from stabexp.config import ConfigError
+
     (tmp_path / "metrics.csv").write_text("left from before\n")
     summary_file = tmp_path / "summary.json"
     summary_file.write_text("{not json" if status == "unreadable" else json.dumps({"status": status}))
+    if skipped is None:
+        with pytest.raises(ConfigError, match="is not a run's summary .*overwrite=true replaces it"):
+            trainer.train(make_cfg("group=postln"), tmp_path)
+        assert (tmp_path / "metrics.csv").read_text() == "left from before\n"
+        assert trainer.train(make_cfg("group=postln", "overwrite=true"), tmp_path)["steps_done"] == 6
+        return
     summary = trainer.train(make_cfg("group=postln"), tmp_path)
     if skipped:
         assert summary == {"status": status}

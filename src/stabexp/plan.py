@@ -21,7 +21,8 @@ What a fake pass cannot do, and what the plan does instead:
   synthetic tasks), else on the whole gathered model (ranks score batches of their own): that
   gather is traced on its own and printed as the eval step's memory.
 - A deep model is slow to trace: above TRACE_DEPTH layers the plan traces three depths and
-  extrapolates every figure linearly in depth, and says so.
+  extrapolates every figure linearly in depth, and says so; the parameter count, a polynomial
+  of degree at most 2 in depth, is interpolated through the three exactly.
 The tracker counts tensors; a GPU adds its CUDA context and the caching allocator's slack
 (docs/scale.md gives the plan against measured peaks).
 """
@@ -185,8 +186,8 @@ def _next_pass(tracker) -> None:
 
 def plan(cfg: DictConfig, world: int, full_trace: bool = False) -> Dict:
     """`trace` at the run's depth, or above TRACE_DEPTH at TRACE_DEPTHS with every figure fitted
-    linearly in depth and read at the run's (the parameter count is the model's own, built on
-    the meta device). Returns the figures and how they were found."""
+    linearly in depth and read at the run's (the parameter count interpolated exactly, below).
+    Returns the figures and how they were found."""
     depth = int(cfg.depth)
     if full_trace or depth <= TRACE_DEPTH:
         return {"depth": depth, "traced": [depth], "extrapolated": False, **trace(cfg, world)}

@@ -391,7 +391,7 @@ CLAIMS = [
           criterion=_hybrid("multi30k_table", 18, "test_bleu", True),
           section="15-fixing-the-vanishing-does-not-fix-the-training-admins-hybrid-table",
           revised="2026-12-04: as admin-hybrid, partly needs some of the hybrid's seeds to fail (not run → not run).",
-          cost="about 1.5-4.5 h here: four 18L-18L Multi30k runs (two more seeds of two groups) at 19-67 min each (docs/data/deepnet_cells.csv); one GPU: not measured, the GPU path has not run"),
+          cost="about 41 min here for the two seeds beyond the first (four 18L-18L Multi30k runs of 19-20 min, packed two at a time, 2026-12-05); one GPU: not measured, the GPU path has not run"),
     Claim(id="admin-dependency", source="Admin Sec. 4.1",
           statement="Post-LN depends on its own branch, Pre-LN on all; Admin starts like Pre-LN and ends like Post-LN",
           paper="β_ii 0.45-0.6 / 0.45 → 0.3 at init", evidence=ADMIN_TINY + ", 18L-18L, 600 steps",

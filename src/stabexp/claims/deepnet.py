@@ -378,7 +378,7 @@ CLAIMS = [
                  measures=("model_update@1", "model_update@10", "model_update@30")),),
           criterion=_fig5("deepnet_depth_paper", (1, 10, 30)), section="4-model-update-against-depth-deepnet-fig-5-v1",
           revised="2026-12-04: as deepnet-fig5, DeepNorm's growth reported, not judged (not run → not run).",
-          cost="about 70 min here: deepnet_depth_paper's one seed took 23 min 5 s on 2026-11-30; one GPU: not measured, the GPU path has not run"),
+          cost="about 51 min here: its three seeds took 51 min packed two at a time on 2026-12-05; one GPU: not measured, the GPU path has not run"),
     Claim(id="deepnet-table1-synthetic", source="DeepNet Table 1",
           statement="The Post-LN family fails as depth grows, each method at the depth the table gives; DeepNet trains at every depth",
           paper="DeepNet 27.8 / 28.8 / 29.0 BLEU at 6L / 18L / 50L; Post-LN diverges from 18L", evidence=TINY_SORT + ", 6L-50L, 300 steps",
