@@ -311,8 +311,11 @@ def run_job_process(writer, lifeline, job: Job, context, task_function, threads:
         why = "stopped before the end: the same command resumes it"
         message = {"stopped": getattr(stopped, "code", 128 + signal.SIGINT), "unfinished": [(job.out_dir, why)]}
     finally:
-        writer.send(message)
-        writer.close()
+        try:
+            writer.send(message)
+            writer.close()
+        except OSError:  # the sweep's process is gone (killed): nobody to tell; the run's files say it
+            pass
 
 
 def _stop_with_the_sweep(lifeline) -> None:
