@@ -150,13 +150,12 @@ def packing_lines(log_path: Path, start: int) -> List[str]:
 
 def finished_runs(outputs: Path) -> Dict[str, Dict[str, int]]:
     """Per preset: how many runs under `outputs` completed, diverged, or are unfinished."""
+    from stabexp.train.files import read_summary
+
     counts: Dict[str, Dict[str, int]] = {}
     for summary in outputs.rglob("summary.json"):
-        try:
-            data = json.loads(summary.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict):
+        data = read_summary(summary.parent)
+        if data is None:  # not a run's summary
             continue
         status = data.get("status") if data.get("status") in ("completed", "diverged") else "unfinished"
         mine = counts.setdefault(str(data.get("experiment")), {"completed": 0, "diverged": 0, "unfinished": 0})

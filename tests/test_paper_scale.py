@@ -41,6 +41,7 @@ def test_every_part_runs_on_the_cpu_and_writes_what_docs_data_keeps(tmp_path, co
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == \
         ["bench.json", "evidence.csv", "log.txt", "runs.tar.gz", "summary.md"]  # at most 8 come back from a GPU machine
     summary = (out / "summary.md").read_text()
+    assert any(line.startswith("| deepnet_depth_paper |") and "| 6 / 0 / 0 |" in line for line in summary.splitlines())
     assert _parts(summary) == dict.fromkeys(["throughput", "gpu_check", "deepnet_early_paper", "deepnet_depth_paper",
                                    "admin_clinic", "admin_grid"], "done")
 

@@ -334,6 +334,8 @@ def test_a_summary_that_is_not_a_runs_is_skipped_by_readers_and_refused_by_a_run
     assert any("skipped" in r.message and str(bad) in r.message for r in caplog.records)
     state = run_state(bad)
     assert state["status"] == "unreadable" and "summary.json is not a run's" in state["note"]
+    from stabexp.status import format_states
+    assert "2 runs: 1 completed, 1 unreadable" in format_states(tmp_path / "sweep", [run_state(good), state])
     with pytest.raises((ValueError, FileNotFoundError), match="not a run"):
         load_run(bad)
     with pytest.raises(ConfigError, match="is not a run's summary") as refused:

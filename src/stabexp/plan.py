@@ -214,7 +214,8 @@ def plan(cfg: DictConfig, world: int, full_trace: bool = False) -> Dict:
     # gigabytes even on the meta device).
     counts = [r["parameter_count"] for r in rows]
     fitted["parameter_count"] = float(round(sum(
-        c * math.prod((depth - TRACE_DEPTHS[j]) / (TRACE_DEPTHS[i] - TRACE_DEPTHS[j]) for j in range(3) if j != i)
+        c * math.prod((depth - TRACE_DEPTHS[j]) / (TRACE_DEPTHS[i] - TRACE_DEPTHS[j])
+                      for j in range(len(TRACE_DEPTHS)) if j != i)
         for i, c in enumerate(counts))))
     return {"depth": depth, "traced": list(TRACE_DEPTHS), "extrapolated": True, "fit_residual": residual, **fitted}
 

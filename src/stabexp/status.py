@@ -21,7 +21,9 @@ from stabexp.config import run_name
 from stabexp.train.checkpoint import CHECKPOINT
 from stabexp.train.files import SUMMARY, current_status, read_summary, summary_file_problem
 
-STATES = ("completed", "diverged", "running", "interrupted", "failed", "not started")
+# "unreadable": a summary.json that is not a run's (train.files.summary_problem), which a run into
+# its folder refuses until overwrite=true; the same command does not resume it.
+STATES = ("completed", "diverged", "running", "interrupted", "failed", "not started", "unreadable")
 
 
 def run_state(run: Path) -> Dict:
