@@ -91,7 +91,7 @@ def build(cfg, vocab_size: int) -> nn.Module:
 
 
 def main(argv=None) -> int:
-    from stabexp.config import compose
+    from stabexp.compose import compose
     from stabexp.data import make_task
     from stabexp.train.optim import build_optimizer
     from stabexp.train.schedule import lr_factor

@@ -7,7 +7,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from stabexp.config import outputs_dir
+from stabexp.paths import outputs_dir
 from stabexp.plotting import figures
 from stabexp.plotting.collect import write_collected
 

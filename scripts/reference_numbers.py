@@ -69,7 +69,7 @@ GROUP_EXTRA = {"mix_ln": ["depth=4"]}
 
 
 def _group_names() -> List[str]:
-    from stabexp.config import conf_dir
+    from stabexp.paths import conf_dir
 
     return sorted(p.stem for p in (conf_dir() / "group").glob("*.yaml"))
 
@@ -78,7 +78,7 @@ def _encoder_decoder(group: str) -> bool:
     from omegaconf import OmegaConf
 
     from stabexp import plugins
-    from stabexp.config import conf_dir
+    from stabexp.paths import conf_dir
 
     return plugins.placement(OmegaConf.load(conf_dir() / "group" / f"{group}.yaml").residual).encoder_decoder
 
@@ -131,9 +131,9 @@ def runs() -> Dict[str, List[str]]:
 
 def compose(overrides: Iterable[str]):
     """The config `stabexp run` would run with BASE and these overrides."""
-    from stabexp import config
+    from stabexp.compose import compose as compose_config
 
-    return config.compose([*BASE, *overrides])
+    return compose_config([*BASE, *overrides])
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from stabexp.config import conf_dir
+from stabexp.paths import conf_dir
 from stabexp.train.files import WALL_CLOCK as WALL
 
 # Tiny and fast: every test model is 2 layers of d=16 unless it says otherwise.

@@ -50,6 +50,8 @@ from conftest import one_line_error
     (["probe.extra=[stabexp.probes.weights.Weights]"], ["probe.extra=stabexp.probes.weights.Weights",
                                                         "probe.weights=true"]),
     (["group=preln", "probe.update_bound=true"], ["probe.update_bound=True", "postln or deepnorm"]),
+    (["--bogus", "depth=2"], ["unrecognized arguments: --bogus", "--help"]),  # read by Hydra's own parser
+    (["--cfg", "jobs"], ["--cfg", "'jobs'", "job"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_main, args, words):
     r = stabexp_main("run", *args)

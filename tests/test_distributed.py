@@ -19,7 +19,8 @@ from conftest import TINY, WALL, assert_same_files, cli_env
 from corpus import translation_overrides
 from ranks import call_on_ranks, run_ranks
 from stabexp import distributed
-from stabexp.config import ConfigError, compose, validate_world
+from stabexp.compose import compose
+from stabexp.config import ConfigError, validate_world
 from stabexp.data import make_task, prepare
 from stabexp.train.trainer import train
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stabexp import bench, cli
+from stabexp import bench, listing
 from stabexp.config import ConfigError
 from stabexp.preflight import preflight
 
@@ -98,7 +98,7 @@ def test_documented_list_report_status_and_bench_lines_parse(user_conf, capsys):
     for page, command, _ in COMMANDS:
         args = _args(command, user_conf)
         if args[0] == "list":
-            assert cli.cmd_list(args[1:]) == 0, (page, command)
+            assert listing.main(args[1:]) == 0, (page, command)
         elif args[0] == "bench":
             bench.parse_args(args[1:])
         elif args[0] == "plan":  # its flags, and its overrides pass run's checks on its K ranks

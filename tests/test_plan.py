@@ -9,7 +9,7 @@ import pytest
 
 from conftest import TINY
 from stabexp.cli import main
-from stabexp.config import compose
+from stabexp.compose import compose
 from stabexp.plan import KINDS, trace
 
 BASE = [*TINY, "group=deepnorm", "train.device=cpu"]

@@ -144,7 +144,7 @@ def mylab(tmp_path, monkeypatch):
 
 
 def test_an_entry_point_plugin_is_found_by_name_and_listed(mylab, make_cfg, capsys):
-    from stabexp.cli import cmd_list
+    from stabexp.listing import main as cmd_list
     from stabexp.config import validate
     from stabexp.model import build_model
 
@@ -175,7 +175,7 @@ def test_without_the_packages_metadata_the_builtins_load_from_their_tables(monke
 
 
 def test_a_group_naming_a_dotted_path_is_listed(capsys):
-    from stabexp.cli import cmd_list
+    from stabexp.listing import main as cmd_list
 
     assert cmd_list(["--config-dir", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out

@@ -13,7 +13,9 @@ import pytest
 from omegaconf import open_dict
 
 from conftest import run_cli
-from stabexp.config import compose, conf_dir, validate
+from stabexp.compose import compose
+from stabexp.config import validate
+from stabexp.paths import conf_dir
 from stabexp.plotting.collect import RUN_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -67,7 +67,7 @@ def _run_values(overrides) -> dict:
     overrides."""
     from omegaconf import OmegaConf
 
-    from stabexp.config import conf_dir
+    from stabexp.paths import conf_dir
 
     given = dict(o.split("=", 1) for o in overrides)
     group = OmegaConf.load(conf_dir() / "group" / f"{given.get('group', 'postln_warmup')}.yaml")
@@ -81,7 +81,8 @@ def _run_values(overrides) -> dict:
 
 
 def test_every_group_rule_placement_schedule_and_probe_that_is_off_by_default_has_a_run():
-    from stabexp.config import SCHEDULES, ProbeConfig, conf_dir
+    from stabexp.config import SCHEDULES, ProbeConfig
+    from stabexp.paths import conf_dir
     from stabexp.model.init import INIT_RULES
     from stabexp.model.transformer import PLACEMENTS
 

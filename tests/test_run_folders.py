@@ -25,7 +25,7 @@ FIXTURE_SWEEP = ["-m", "group=postln,preln", "depth=2", "train.steps=6", "train.
 
 def compose_plain(*overrides):
     """The config of `stabexp run OVERRIDES` (no test defaults)."""
-    from stabexp.config import compose
+    from stabexp.compose import compose
 
     return compose(overrides)
 

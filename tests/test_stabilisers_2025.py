@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from stabexp.config import conf_dir
+from stabexp.paths import conf_dir
 from stabexp.model import build_model
 from stabexp.model.transformer import (
     PLACEMENTS,

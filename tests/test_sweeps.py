@@ -17,7 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from conftest import TINY, cli_command, cli_env, one_line_error, run_cli
 from stabexp import memory, sweep
-from stabexp.config import conf_dir
+from stabexp.paths import conf_dir
 
 GiB = 2 ** 30
 

@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from conftest import TINY, cli_command, cli_env
+from conftest import TINY, cli_command, cli_env, one_line_error
+
+from stabexp.cli import COMMANDS
 
 
 def _into(reader: str, outputs, *args):
@@ -64,12 +66,19 @@ def test_list_help_is_its_usage(stabexp_main):
 
 
 def test_list_gives_each_preset_its_cost(stabexp_main):
-    from stabexp.config import conf_dir
+    from stabexp.paths import conf_dir
     from stabexp.presets import cost
 
     out = stabexp_main("list").stdout
     for path in (conf_dir() / "experiment").glob("*.yaml"):
         assert f"cost: {cost(path).text}" in out, path.stem
+
+
+def test_the_usage_and_an_unknown_command_name_every_command(stabexp_main):
+    usage = stabexp_main("--help").stdout
+    for name, (args, what, _) in COMMANDS.items():
+        assert f"stabexp {name} {args}" in usage and what in usage, name
+    one_line_error(stabexp_main("nope"), "'nope'", *COMMANDS)
 
 
 def test_shell_completion_is_installed_and_answers(stabexp_main, monkeypatch):
@@ -85,7 +94,7 @@ def test_shell_completion_is_installed_and_answers(stabexp_main, monkeypatch):
         return r.stdout.split()
 
     assert answers("stabexp r") == ["run", "report"]
-    assert "status" in answers("stabexp ")
+    assert answers("stabexp ") == list(COMMANDS)  # every command of the table, plan among them
     assert answers("stabexp run group=postln_w") == ["group=postln_warmup"]
     assert "train.lr=" in answers("stabexp run depth=6 train.l")
     assert answers("stabexp list --con") == []  # only run's overrides are Hydra's to complete

@@ -7,7 +7,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from stabexp.config import ConfigError, conf_dir
+from stabexp.config import ConfigError
+from stabexp.paths import conf_dir
 from stabexp.model.transformer import PLACEMENTS
 from stabexp.probes import model_update
 from stabexp.train.files import WALL_CLOCK

@@ -47,7 +47,7 @@ from stabexp.analysis import (  # noqa: F401  (re-exported: the fits the report 
     update_bound_table,
     w2_grad_slopes,
 )
-from stabexp.config import outputs_dir
+from stabexp.paths import outputs_dir
 from stabexp.plotting.collect import Tables, collect
 from stabexp.plotting.figures import preset_tables, read_collected
 from stabexp.train.files import read_json, summary_file_problem

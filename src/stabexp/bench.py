@@ -55,7 +55,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stabexp.config import ConfigError, ProbeConfig, outputs_dir
+from stabexp.config import ConfigError, ProbeConfig
+from stabexp.paths import outputs_dir
 from stabexp.train.files import json_text
 from stabexp.memory import peak_rss_kib, reset_peak_rss_kib
 from stabexp.terminal import Counter
@@ -131,7 +132,7 @@ def variant_config(variant: str, size: str, depth: int, task: List[str], seed: i
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from stabexp.config import conf_dir
+    from stabexp.paths import conf_dir
 
     kind, _, group = variant.partition(":")
     overrides = [f"group={group or 'postln'}", f"model={size}", f"depth={depth}", *task,

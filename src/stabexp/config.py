@@ -8,10 +8,7 @@ Ranges that a type cannot express (depth >= 1, lr > 0, ...) are checked by `vali
 from __future__ import annotations
 
 import math
-
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -19,49 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from stabexp.errors import ConfigError, need  # noqa: F401  (also stabexp.config.ConfigError)
 from stabexp.model_options import ModelOptions
-
-
-# --- paths ---------------------------------------------------------------------------------
-
-def project_root() -> Optional[Path]:
-    """The checkout that holds conf/ when stabexp runs from one (editable install); None for a
-    plain install."""
-    here = Path(__file__).resolve().parents[2]
-    return here if (here / "conf").is_dir() and (here / "src" / "stabexp").is_dir() else None
-
-
-def conf_dir() -> Path:
-    """The built-in configs: $STABEXP_CONF, else the checkout's conf/, else the copy that ships
-    inside the package (stabexp/conf, pyproject.toml's package-dir). Users add their own config
-    folders the Hydra way (--config-dir, hydra.searchpath), never by editing these."""
-    if os.environ.get("STABEXP_CONF"):
-        return Path(os.environ["STABEXP_CONF"]).resolve()
-    root = project_root()
-    return (root / "conf") if root is not None else Path(__file__).resolve().parent / "conf"
-
-
-def compose(overrides=(), return_hydra_config: bool = False) -> DictConfig:
-    """The config `stabexp run OVERRIDES` runs, composed from the built-in configs outside a
-    Hydra app (scripts, tests, a notebook); Hydra's global state is left as it was found: clear."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            return hydra_compose(config_name="config", overrides=list(overrides),
-                                 return_hydra_config=return_hydra_config)
-    finally:
-        GlobalHydra.instance().clear()
-
-
-def outputs_dir() -> Path:
-    """Where every run folder goes: $STABEXP_OUTPUTS, else the checkout's outputs/, else
-    ./outputs of the working directory (a plain install)."""
-    if os.environ.get("STABEXP_OUTPUTS"):
-        return Path(os.environ["STABEXP_OUTPUTS"]).resolve()
-    root = project_root()
-    return ((root if root is not None else Path.cwd()) / "outputs").resolve()
+from stabexp.paths import outputs_dir
 
 
 def with_defaults(cfg: DictConfig) -> DictConfig:
@@ -551,24 +506,16 @@ def _check_task(cfg: DictConfig) -> None:
 def _check_optim(cfg: DictConfig) -> None:
     from stabexp import plugins
 
-    o, tr = cfg.optim, cfg.train
-    plugins.check("optimiser", o.name, "optim.name")
+    o = cfg.optim
+    factory = plugins.check("optimiser", o.name, "optim.name")
     need(0.0 <= o.momentum < 1.0, "optim.momentum", o.momentum, "must be in [0, 1)")
     need(o.decay_on in DECAY_ON, "optim.decay_on", o.decay_on, f"one of {', '.join(DECAY_ON)}")
     need(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
           list(o.betas), "two numbers in [0, 1)")
     need(o.eps > 0, "optim.eps", o.eps, "must be > 0")
     need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
-    if o.name == "muon":
-        import torch
-
-        need(cfg.model.arch != "normmlp", "optim.name", o.name,
-              "orthogonalises the residual branches' matrices, and model=normmlp has none")
-        need(hasattr(torch.optim, "Muon"), "optim.name", o.name,
-              f"needs torch.optim.Muon (PyTorch 2.9 or later); this torch is {torch.__version__}")
-        # Muon's checkpoint is two optimisers' (train/optim.py), which DCP does not take as one.
-        need(tr.parallel == "none", "optim.name", o.name,
-              f"cannot be muon with train.parallel={tr.parallel}: Muon runs on one process only")
+    if getattr(factory, "check", None) is not None:  # the optimiser's own rules
+        factory.check(cfg)
 
 
 def _check_train(cfg: DictConfig) -> None:
@@ -594,8 +541,6 @@ def _check_train(cfg: DictConfig) -> None:
     for key in ("clip_norm", "z_loss", "qk_clip_tau"):
         need(tr[key] >= 0, f"train.{key}", tr[key], "must be >= 0 (0 = off)")
     need(tr.parallel in PARALLEL, "train.parallel", tr.parallel, f"one of {', '.join(PARALLEL)}")
-    if tr.qk_clip_tau > 0:
-        _check_qk_clip(cfg)
     need(tr.eval_every >= 1, "train.eval_every", tr.eval_every, "must be an integer >= 1")
     need(tr.explode_factor > 1, "train.explode_factor", tr.explode_factor, "must be > 1")
     need(tr.device in ("auto", "cpu", "cuda"), "train.device", tr.device, "one of auto, cpu, cuda")
@@ -603,21 +548,6 @@ def _check_train(cfg: DictConfig) -> None:
     need(tr.precision in PRECISIONS, "train.precision", tr.precision, f"one of {', '.join(PRECISIONS)}")
     need(tr.checkpoint_every >= 0, "train.checkpoint_every", tr.checkpoint_every,
           "must be an integer >= 0 (0: only when the process is asked to stop)")
-
-
-def _check_qk_clip(cfg: DictConfig) -> None:
-    """QK-Clip (train/qk_clip.py) rescales W_q and W_k by each step's largest logits."""
-    from stabexp import plugins
-
-    tau, m, tr = cfg.train.qk_clip_tau, cfg.model, cfg.train
-    need(cfg.task.kind != "translation", "train.qk_clip_tau", tau,
-          "takes each head's largest logit over every query, and padded translation batches have "
-          "queries no loss reads: language-model and synthetic tasks only")
-    need(m.arch != "normmlp", "train.qk_clip_tau", tau, "clips attention, and model=normmlp has none")
-    need(not m.qk_norm and not any(plugins.placement(x).qkv_norm for x in placements(cfg)), "train.qk_clip_tau",
-          tau, "scales W_q and W_k, which normalised q and k (model.qk_norm, hybridnorm) do not feel")
-    need(not tr.activation_checkpointing and not tr.compile, "train.qk_clip_tau", tau,
-          "reads each step's logits by hook, which train.activation_checkpointing and train.compile do not run")
 
 
 def _check_probes(cfg: DictConfig) -> None:

@@ -272,7 +272,7 @@ USAGE = ("usage: stabexp plan OVERRIDES [--world K] [--gpu-memory GB] [--gpu a10
 
 
 def main(args: Sequence[str]) -> int:
-    from stabexp.config import compose
+    from stabexp.compose import compose
     from stabexp.memory import available_bytes
     from stabexp.preflight import preflight
 

@@ -76,7 +76,7 @@ def reproduce_presets(makefile: Path) -> list:
 
 
 if __name__ == "__main__":  # python -m stabexp.presets [REPO]: what make reproduce costs
-    from stabexp.config import conf_dir
+    from stabexp.paths import conf_dir
 
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path.cwd()
     names = reproduce_presets(root / "Makefile")

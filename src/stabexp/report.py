@@ -43,7 +43,7 @@ from stabexp.analysis import (
     vanishing_table,
     w2_grad_slopes,
 )
-from stabexp.config import outputs_dir
+from stabexp.paths import outputs_dir
 from stabexp.plotting.collect import Tables, collect
 from stabexp.plotting.figures import ordered_groups
 from stabexp.train.files import current_status, read_summary

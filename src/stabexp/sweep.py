@@ -163,7 +163,7 @@ def launch(jobs: List[Job], context, task_function, pack: Packing) -> Dict[int, 
     running job has checkpointed."""
     ctx = multiprocessing.get_context("forkserver")
     # The server imports torch and the trainer once; each job is forked from it in milliseconds.
-    ctx.set_forkserver_preload(["stabexp.train.trainer", "stabexp.cli"])
+    ctx.set_forkserver_preload(["stabexp.train.trainer", "stabexp.app"])
     # In Hydra's order. Longest first (by steps x layers) was tried: deepnet_depth took 989 s
     # against 891 s in this order, its 100-layer runs side by side slowing each other more
     # than they gain at the end (docs/benchmarks.md).

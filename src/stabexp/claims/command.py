@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from stabexp.config import outputs_dir
+from stabexp.paths import outputs_dir
 from stabexp.train.files import json_text
 
 

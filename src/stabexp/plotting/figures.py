@@ -124,7 +124,7 @@ def preset_task(experiment: str) -> str:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from stabexp.config import conf_dir
+    from stabexp.paths import conf_dir
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
@@ -180,7 +180,7 @@ def figure_main(name: str, experiment: str, draw: Callable[[dict], Optional[obje
                 argv=None) -> int:
     """Body of a figure script: read outputs/collected (or the folder given as the one
     argument), keep the preset's runs, draw, save outputs/figures/NAME.{png,pdf}."""
-    from stabexp.config import outputs_dir
+    from stabexp.paths import outputs_dir
 
     argv = sys.argv[1:] if argv is None else argv
     outputs = Path(argv[0]) if argv else outputs_dir()
@@ -210,7 +210,7 @@ def cells_main(name: str, experiment: str, recipe: str, draw: Callable[[pd.DataF
     finished runs of `recipe` (docs/data) and its curves, which outlive the run folders.
     draw(cells, curves) gets the cells and their validation curves."""
     from stabexp import cells as cell_tables
-    from stabexp.config import outputs_dir
+    from stabexp.paths import outputs_dir
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--cells"]:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from stabexp.config import outputs_dir
+from stabexp.paths import outputs_dir
 
 
 class Backend:

@@ -22,7 +22,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from stabexp.atomic import write_atomic
-from stabexp.config import ConfigError, project_root, resolved, with_defaults
+from stabexp.config import ConfigError, resolved, with_defaults
+from stabexp.paths import project_root
 
 CONFIG = "config.yaml"
 # What says how a run is handled, not what it computes: what to do with the folder, where the
@@ -167,7 +168,7 @@ def clear(out_dir: Path) -> None:
 
 def write_hydra_record(out_dir: Path, cfg: DictConfig) -> None:
     """Hydra's record of the command (.hydra/config.yaml, hydra.yaml, overrides.yaml) for the
-    task config `cfg`, written once the folder is known to be this run's: stabexp.cli turns
+    task config `cfg`, written once the folder is known to be this run's: stabexp.app turns
     Hydra's own writing off, which comes before the task starts and would overwrite the record
     of a folder the run is then refused."""
     from hydra.core.hydra_config import HydraConfig

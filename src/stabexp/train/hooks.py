@@ -10,6 +10,22 @@ from contextlib import nullcontext
 
 
 class StepHook:
+    """One thing that steers the step; Run builds those whose `enabled(cfg)` is true (STEP_HOOKS
+    in train/run.py), and a config is checked against each of them before the run starts."""
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        """Whether the config turns this hook on."""
+        return False
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        """What the hook needs of the rest of the config, once it is on (ConfigError)."""
+
+    @classmethod
+    def from_config(cls, model, cfg) -> "StepHook":
+        raise NotImplementedError
+
     def around_forward(self):
         """A context manager around the training forward (and loss)."""
         return nullcontext()

@@ -19,7 +19,8 @@ The equilibrium each one predicts for scale-invariant weights: stabexp/theory.py
 OPTIMISERS maps each name to its factory (model, cfg, device) -> torch.optim.Optimizer. It is
 the package's entry point of the stabexp.optimizers group: `optim.name` is looked up through
 stabexp.plugins, which also finds the optimisers of other packages and a user's factory named by
-a dotted path (`as_optimiser_factory`; docs/plugins.md).
+a dotted path (`as_optimiser_factory`; docs/plugins.md). A factory may carry its own rules as
+`factory.check(cfg)` (raising ConfigError), which config.validate calls.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from stabexp import distributed, plugins
-from stabexp.errors import ConfigError
+from stabexp.errors import ConfigError, need
 from stabexp.theory import torch_form
 
 
@@ -119,6 +120,19 @@ def muon(model: nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
     taken = {id(p) for p in matrices}
     rest = [{**g, "params": [p for p in g["params"] if id(p) not in taken]} for g in _groups(model, cfg, "muon")]
     return MuonAdamW(matrices, [g for g in rest if g["params"]], cfg.train.lr, cfg.optim, _fast(device))
+
+
+def _check_muon(cfg) -> None:
+    need(cfg.model.arch != "normmlp", "optim.name", "muon",
+         "orthogonalises the residual branches' matrices, and model=normmlp has none")
+    need(hasattr(torch.optim, "Muon"), "optim.name", "muon",
+         f"needs torch.optim.Muon (PyTorch 2.9 or later); this torch is {torch.__version__}")
+    # Muon's checkpoint is two optimisers' (MuonAdamW), which DCP does not take as one.
+    need(cfg.train.parallel == "none", "optim.name", "muon",
+         f"cannot be muon with train.parallel={cfg.train.parallel}: Muon runs on one process only")
+
+
+muon.check = _check_muon  # config.validate calls an optimiser factory's own check
 
 
 OPTIMISERS: Dict[str, Callable[..., torch.optim.Optimizer]] = {

@@ -24,7 +24,9 @@ from typing import Dict, List, Tuple
 import torch
 import torch.nn as nn
 
-from stabexp import distributed
+from stabexp import distributed, plugins
+from stabexp.config import placements
+from stabexp.errors import need
 from stabexp.distributed import local, local_part
 from stabexp.model.transformer import explicit_attention
 from stabexp.probes import hooked, read_with
@@ -32,6 +34,27 @@ from stabexp.train.hooks import StepHook
 
 
 class QKClip(StepHook):
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.train.qk_clip_tau > 0
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        tau, m, tr = cfg.train.qk_clip_tau, cfg.model, cfg.train
+        need(cfg.task.kind != "translation", "train.qk_clip_tau", tau,
+             "takes each head's largest logit over every query, and padded translation batches have "
+             "queries no loss reads: language-model and synthetic tasks only")
+        need(m.arch != "normmlp", "train.qk_clip_tau", tau, "clips attention, and model=normmlp has none")
+        need(not m.qk_norm and not any(plugins.placement(x).qkv_norm for x in placements(cfg)),
+             "train.qk_clip_tau", tau, "scales W_q and W_k, which normalised q and k (model.qk_norm, "
+             "hybridnorm) do not feel")
+        need(not tr.activation_checkpointing and not tr.compile, "train.qk_clip_tau", tau,
+             "reads each step's logits by hook, which train.activation_checkpointing and train.compile do not run")
+
+    @classmethod
+    def from_config(cls, model: nn.Module, cfg) -> "QKClip":
+        return cls(model, cfg.train.qk_clip_tau)
+
     def __init__(self, model: nn.Module, tau: float):
         self.tau = tau
         self.attentions: List[nn.Module] = [a for a in model.attentions() if a is not None]

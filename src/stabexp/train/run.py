@@ -33,6 +33,9 @@ from stabexp.tracking import Trackers
 
 log = logging.getLogger("stabexp")
 
+# What may steer a step (train/hooks.py), each on when its config turns it on.
+STEP_HOOKS = (QKClip,)
+
 
 class Run:
     """One run's live state. `state`: a checkpoint to continue from, else a new run."""
@@ -63,7 +66,7 @@ class Run:
             self.train_model = torch.compile(self.train_model)
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16")
         # What steers the step (train/hooks.py): only those the config turns on.
-        self.hooks = [QKClip(model, t.qk_clip_tau)] if t.qk_clip_tau > 0 else []
+        self.hooks = [hook.from_config(model, cfg) for hook in STEP_HOOKS if hook.enabled(cfg)]
         self.opt = build_optimizer(cfg, model, self.device)  # after wrapping: FSDP2 swaps in shards
         self.sched = lr_schedule(cfg, self.opt)
         self.lr = self.sched.get_last_lr()[0]  # of the step just taken: the probes' ctx.lr()

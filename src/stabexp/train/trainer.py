@@ -16,7 +16,7 @@ import signal
 import time
 import traceback
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -29,7 +29,7 @@ from stabexp.atomic import remove_partials, write_atomic
 from stabexp.train.files import SUMMARY, RunLock, RunLocked, read_summary, summary_file_problem, write_json
 from stabexp.train.recording import group_name
 from stabexp.train.build import check_parallel, device_of
-from stabexp.train.run import Run
+from stabexp.train.run import STEP_HOOKS, Run
 from stabexp.train.stop import RunStopped, StopRequests
 from stabexp import tracking
 from stabexp.tracking import Trackers
@@ -40,7 +40,7 @@ FINISHED = ("completed", "diverged")
 ERROR = "error.txt"  # the traceback of a failed run
 
 
-def train(cfg: DictConfig, out_dir) -> Dict:
+def train(cfg: DictConfig, out_dir, on_start: Optional[Callable[[], None]] = None) -> Dict:
     """Run one experiment; return its summary (also written to out_dir/summary.json).
 
     A folder holding a run of another config is refused (ConfigError naming the keys that
@@ -51,6 +51,9 @@ def train(cfg: DictConfig, out_dir) -> Dict:
     one raises RunLocked. A diverged run is a result (status "diverged"); a run asked to stop
     checkpoints and raises RunStopped; an unexpected error is recorded as status "failed" and
     re-raised (its last checkpoint stays, so the same command resumes it).
+
+    `on_start` is called (on rank 0) once the config is valid, the folder is this run's and its
+    lock held, before the run's first file: `stabexp run` writes Hydra's record of the command.
 
     On K processes (stabexp.distributed) every rank calls it; rank 0 reads the folder, holds
     the lock and writes, and the others follow its decisions.
@@ -79,6 +82,8 @@ def train(cfg: DictConfig, out_dir) -> Dict:
             checkpoint.remove(out_dir)
             if distributed.is_rank0():
                 folder.clear(out_dir)
+        if on_start is not None and distributed.is_rank0():
+            on_start()
         distributed.barrier()
         state = checkpoint.load(out_dir, cfg)
         summary = _new_summary(cfg, out_dir) if state is None else _resumed_summary(state, out_dir)
@@ -120,9 +125,7 @@ def check(cfg: DictConfig) -> None:
     every rank checks (the memory is each one's own) and all raise the first rank's refusal,
     so that they go on, or stop, together."""
     try:
-        validate(cfg)
-        validate_world(cfg, distributed.world(), distributed.active())
-        tracking.check(cfg)
+        check_config(cfg, distributed.world(), distributed.active())
         memory.check_fits(cfg, device_of(cfg.train.device))
         refusal = None
     except ConfigError as err:
@@ -130,6 +133,18 @@ def check(cfg: DictConfig) -> None:
     refusals = [r for r in distributed.gather(refusal) if r]
     if refusals:
         raise ConfigError(refusals[0])
+
+
+def check_config(cfg: DictConfig, world: int, grouped: bool) -> None:
+    """The config's own rules, each component's (config.validate), those of running on `world`
+    processes, of the step hooks it turns on and of its trackers: what `stabexp run` checks for
+    every cell of a sweep before any job starts (stabexp.preflight) and a run before it starts."""
+    validate(cfg)
+    validate_world(cfg, world, grouped)
+    for hook in STEP_HOOKS:
+        if hook.enabled(cfg):
+            hook.check(cfg)
+    tracking.check(cfg)
 
 
 def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task: Task,

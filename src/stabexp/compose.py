@@ -1,0 +1,175 @@
+"""Configs composed from overrides the Hydra way, outside a Hydra app: one run's (`compose`) and
+every cell a sweep will run (`sweep_cells`), each value of every override composed once, the
+sweep a preset declares (hydra.sweeper.params) included; a composition error is one line naming
+the override and what is allowed (ConfigError), never Hydra's traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, NamedTuple
+
+from omegaconf import DictConfig
+
+from stabexp.config import ConfigError, unknown_key_message
+from stabexp.paths import conf_dir, config_files, config_groups
+
+
+def compose(overrides=(), return_hydra_config: bool = False) -> DictConfig:
+    """The config `stabexp run OVERRIDES` runs, composed from the built-in configs outside a
+    Hydra app (scripts, tests, a notebook); Hydra's global state is left as it was found: clear."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return hydra_compose(config_name="config", overrides=list(overrides),
+                                 return_hydra_config=return_hydra_config)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def sweeps(overrides: List[str]) -> List[str]:
+    """The overrides that sweep several values (comma lists, range, glob, ...)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [o.input_line for o in parsed if o.is_sweep_override()]
+
+
+class Cells(NamedTuple):
+    multirun: bool           # -m, or a preset that sets hydra.mode=MULTIRUN
+    hydra: DictConfig        # the hydra node a job runs under (its launcher's overrides applied)
+    configs: List[DictConfig]  # the first cell, then each other value of each override in turn
+
+
+def sweep_cells(overrides: List[str], multirun: bool, config_dirs: List[Path] = (),
+                launcher: List[str] = ()) -> Cells:
+    """The config for each value every override takes (the others at their first value), with
+    the user's config folders on the search path; `launcher`: the command's hydra/launcher
+    overrides. A sweep without -m, an interval under the basic sweeper, a glob() that matches
+    nothing: ConfigError."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def parse(lines):
+        # With Hydra's config loader, as its sweepers parse: glob() lists a config group's options.
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        try:
+            return parser.parse_overrides(lines)
+        except Exception as err:
+            tilde = next((line for line in lines if "=~" in line), None)
+            if tilde is not None:  # the shell leaves a ~ after `key=` alone, and Hydra refuses it
+                raise ConfigError(f"{tilde}: Hydra cannot read '~' in a value: write the path out "
+                                  f"(for example $HOME/...)") from None
+            raise ConfigError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
+
+    # The user's config folders, as Hydra adds --config-dir to its search path.
+    searchpath = ([f"hydra.searchpath=[{','.join('file://' + str(d) for d in config_dirs)}]"]
+                  if config_dirs else [])
+
+    def compose_one(parsed, combo, **kwargs):
+        try:
+            return hydra_compose(config_name="config", overrides=[*combo, *searchpath], **kwargs)
+        except Exception as err:
+            if not parsed:
+                raise ConfigError(str(err).splitlines()[0]) from None
+            # The longest key the error names: `logger.tensorboard.dirr`, not `logger`.
+            culprits = [i for i, line in enumerate(combo) if _is_culprit(line, err)]
+            i = max(culprits, key=lambda i: len(combo[i].split("=", 1)[0]), default=0)
+            raise ConfigError(_explain(parsed[i], combo[i], err, config_dirs)) from None
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            parsed = parse(overrides)
+            # The command's own lines when nothing sweeps: Hydra names the run folder from them
+            # (`x=true` stays `true`, where a parsed value would print as `True`).
+            first = ([c[0] for c in _values_of(parsed, config_dirs)]
+                     if any(o.is_sweep_override() for o in parsed) else list(overrides))
+            hydra_cfg = compose_one(parsed, first, return_hydra_config=True).hydra
+            multirun = multirun or str(hydra_cfg.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
+            swept = [o for o in parsed if o.is_sweep_override()]
+            if swept and not multirun:
+                raise ConfigError(f"{swept[0].input_line} sweeps several values: add -m to run a multirun")
+            # The preset's sweep, for the keys the command line does not set itself.
+            on_cli = {o.get_key_element() for o in parsed}
+            preset = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()
+                      if k not in on_cli] if multirun else []
+            parsed = parsed + parse(preset)
+            candidates = _values_of(parsed, config_dirs)
+            sampled = [o for o in parsed if o.is_sweep_override() and not o.is_discrete_sweep()]
+            if sampled and str(hydra_cfg.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+                raise ConfigError(f"{sampled[0].input_line}: Hydra's basic sweeper cannot sample an interval; it "
+                                  "takes comma lists, range(), choice() and glob() (interval() needs a sampling "
+                                  "sweeper such as hydra/sweeper=optuna)")
+            # Every value of every override, the others at their first value.
+            combos = [[c[0] for c in candidates]]
+            for i, c in enumerate(candidates):
+                for v in c[1:]:
+                    combos.append([*combos[0][:i], v, *combos[0][i + 1:]])
+            if launcher:
+                hydra_cfg = compose_one([], [*first, *launcher], return_hydra_config=True).hydra
+            return Cells(multirun, hydra_cfg, [compose_one(parsed, combo) for combo in combos])
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _values_of(parsed, config_dirs: List[Path] = ()) -> List[List[str]]:
+    """`key=value` for every value each override takes: one, or each of a sweep's (an interval,
+    which a sampling sweeper draws from, by its two ends)."""
+    from hydra.errors import HydraException
+
+    values = []
+    for o in parsed:
+        key = o.get_key_element()
+        try:
+            if not o.is_sweep_override():
+                these = [o.get_value_element_as_str()]
+            elif o.is_discrete_sweep():
+                these = list(o.sweep_string_iterator())
+            else:
+                these = [str(o.value().start), str(o.value().end)]
+        except HydraException as err:
+            raise ConfigError(f"{o.input_line}: {str(err).splitlines()[0]}") from None
+        if not these:
+            raise ConfigError(_empty_sweep(o, config_dirs))
+        values.append([f"{key}={v}" for v in these])
+    return values
+
+
+def _choices(group: str, config_dirs: List[Path] = ()) -> str:
+    return ", ".join(p.stem for p in config_files(group, config_dirs))
+
+
+def _explain(override, line: str, err: Exception, config_dirs: List[Path] = ()) -> str:
+    """One line for a Hydra / OmegaConf composition error about `override`, whose value in
+    the failing composition is `line` (one value of a sweep)."""
+    key = override.key_or_group
+    value = line.split("=", 1)[1] if "=" in line else ""
+    text = f"{err} {err.__cause__ or ''}"
+    if key in config_groups(config_dirs) and ("Could not find" in text or "Could not load" in text):
+        return f"{key}={value} is not a known {key}: choose one of {_choices(key, config_dirs)}"
+    if "not in struct" in text or "Could not override" in text or "Could not append" in text:
+        return unknown_key_message(key.lstrip("+~"))
+    first = str(err.__cause__ or err).strip().splitlines()[0]
+    return f"{line}: {first}"
+
+
+def _empty_sweep(override, config_dirs: List[Path] = ()) -> str:
+    """A sweep with no value: a glob() that matched nothing, or glob() on a key that is not a
+    config group (Hydra would run no job at all)."""
+    key = override.get_key_element().lstrip("+~")
+    if key in config_groups(config_dirs):
+        return f"{override.input_line} matches no {key}: choose from {_choices(key, config_dirs)}"
+    return (f"{override.input_line}: glob() sweeps the options of a config group "
+            f"({', '.join(config_groups(config_dirs))}) and {key} is not one: sweep its values with a "
+            "comma list, range() or choice()")
+
+
+def _is_culprit(line: str, err: Exception) -> bool:
+    key = line.split("=", 1)[0].lstrip("+~")
+    text = f"{err} {err.__cause__ or ''}"
+    return f"'{key}" in text or f"{key}/" in text or f"full_key: {key}" in text
