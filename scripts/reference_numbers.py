@@ -5,6 +5,7 @@ them again and fails when a number moved, so that no change moves one unnoticed.
 
     python scripts/reference_numbers.py           # run them, print what differs from the file
     python scripts/reference_numbers.py --write   # run them, rewrite the file
+    python scripts/reference_numbers.py --only NAME --write   # re-record one run, keep the others
 
 A commit that moves a number rewrites the file in the same commit and says why.
 
@@ -392,17 +393,45 @@ def write(measured: Dict[str, Dict[str, float]], path: Path = PINNED) -> None:
     path.write_text(json.dumps(pinned, indent=1) + "\n")
 
 
+def rewrite_runs(measured: Dict[str, Dict[str, float]], path: Path = PINNED) -> None:
+    """Re-record some runs in the file, the others kept: only where the file was recorded with
+    this torch on this CPU, since one file holds numbers of one machine."""
+    pinned, now = load(path), environment()
+    if not same_machine(pinned["recorded_on"], now):
+        raise SystemExit(f"the file was recorded with torch {pinned['recorded_on'].get('torch')} on "
+                         f"{pinned['recorded_on'].get('cpu')}, and this is torch {now['torch']} on {now['cpu']}: "
+                         f"re-record every run (`{REWRITE}`)")
+    every = runs()
+    pinned["runs"].update({name: {"overrides": every[name], "numbers": numbers} for name, numbers in measured.items()})
+    pinned["runs"] = dict(sorted(pinned["runs"].items()))
+    path.write_text(json.dumps(pinned, indent=1) + "\n")
+
+
 def main(argv: List[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python scripts/reference_numbers.py",
+                                     description="Run the pinned reference runs and compare, or rewrite the file.")
+    parser.add_argument("--write", action="store_true", help="rewrite the file with the numbers measured")
+    parser.add_argument("--only", metavar="NAME[,NAME...]",
+                        help="these runs only (compared, or with --write re-recorded, the others kept)")
+    args = parser.parse_args(argv)
+    every = runs()
+    names = args.only.split(",") if args.only else list(every)
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        parser.error(f"--only {unknown[0]} is not a reference run: one of {', '.join(every)}")
     with tempfile.TemporaryDirectory() as work:
-        measured = measure_all(Path(work))
-    if "--write" in argv:
-        write(measured)
+        measured = measure_all(Path(work), names)
+    if args.write:
+        rewrite_runs(measured) if args.only else write(measured)
         print(f"wrote {sum(map(len, measured.values()))} numbers of {len(measured)} runs to "
               f"{PINNED.relative_to(ROOT)}")
         return 0
     pinned = load()
     now = environment()
-    found = differences(pinned_numbers(pinned), with_overrides(measured), same_machine(pinned["recorded_on"], now))
+    recorded = {name: numbers for name, numbers in pinned_numbers(pinned).items() if name in names}
+    found = differences(recorded, with_overrides(measured), same_machine(pinned["recorded_on"], now))
     print(report(found, mode_line(pinned["recorded_on"], now)) if found else
           f"all {sum(map(len, measured.values()))} numbers as pinned ({mode_line(pinned['recorded_on'], now)})")
     return 1 if found else 0

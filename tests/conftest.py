@@ -7,6 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+import stabexp.config  # noqa: F401  (registers the schema conf/config.yaml composes with)
 from stabexp.paths import conf_dir
 from stabexp.train.files import WALL_CLOCK as WALL
 

@@ -55,12 +55,21 @@ def test_the_model_files_know_nothing_of_probes_trainer_or_data():
 def test_no_module_imports_back_up_the_layers():
     """The probes know nothing of the trainer, the data or the command line (a monitor runs them on
     a model and loop of one's own, stabexp.monitor); the config knows nothing of what it configures
-    beyond the registries (stabexp.plugins) and the model's names."""
+    beyond the registries (stabexp.plugins) and the model's options (stabexp.model_options); the
+    trainer, the trackers and the memory estimates nothing of the commands that use them."""
     graph = _imports()
-    above = {"stabexp.probes": ("stabexp.train", "stabexp.data", "stabexp.cli", "stabexp.monitor", "stabexp.tracking"),
-             "stabexp.config": ("stabexp.train", "stabexp.probes", "stabexp.data", "stabexp.tracking")}
+    commands = ("stabexp.cli", "stabexp.app", "stabexp.preflight", "stabexp.listing")
+    above = {"stabexp.probes": ("stabexp.train", "stabexp.data", "stabexp.monitor", "stabexp.tracking", *commands),
+             "stabexp.config": ("stabexp.train", "stabexp.probes", "stabexp.data", "stabexp.tracking", "stabexp.model",
+                                *commands),
+             "stabexp.paths": ("stabexp.config", "stabexp.train", *commands),
+             "stabexp.compose": ("stabexp.train", "stabexp.data", *commands),
+             "stabexp.memory": ("stabexp.distributed", "stabexp.train", *commands),
+             "stabexp.tracking": ("stabexp.plotting", *commands),
+             "stabexp.train": commands,
+             "stabexp.preflight": ("stabexp.cli", "stabexp.app")}
     for module, imported in graph.items():
         for layer, forbidden in above.items():
             if module == layer or module.startswith(layer + "."):
-                bad = {m for m in imported if m.startswith(forbidden)}
+                bad = {m for m in imported if any(m == f or m.startswith(f + ".") for f in forbidden)}
                 assert not bad, f"{module} imports {sorted(bad)}"

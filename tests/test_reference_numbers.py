@@ -9,6 +9,7 @@ A difference means a change moved a number: if it is meant, `python scripts/refe
 import importlib
 import importlib.util
 import inspect
+import json
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -349,3 +350,22 @@ def _stream_weight(monkeypatch):
 def test_every_groups_init_and_placement_moved_by_a_relative_1e_3_moves_a_pinned_number(
         run, patch, measured, monkeypatch, tmp_path):
     _shows(Perturbation(patch.__name__, (run,), patch), measured, monkeypatch, tmp_path)
+
+
+def test_one_run_is_re_recorded_and_the_others_kept(pinned, measured, exact, tmp_path):
+    """`--only NAME --write`: that run's entry replaced, every other one as it was; on another
+    machine than the file's, refused (one file holds one machine's numbers)."""
+    copy = tmp_path / "reference_numbers.json"
+    copy.write_text(reference.PINNED.read_text())
+    name = sorted(RUNS)[0]
+    moved = {name: {**measured[name], "a_number_that_moved": 1.5}}
+    if not exact:
+        with pytest.raises(SystemExit, match="re-record every run"):
+            reference.rewrite_runs(moved, copy)
+        assert copy.read_text() == reference.PINNED.read_text()
+        return
+    reference.rewrite_runs(moved, copy)
+    after = json.loads(copy.read_text())
+    assert after["runs"][name]["numbers"]["a_number_that_moved"] == 1.5
+    assert {k: v for k, v in after["runs"].items() if k != name} == {k: v for k, v in pinned["runs"].items() if k != name}
+    assert after["recorded_on"] == pinned["recorded_on"]

@@ -12,12 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from conftest import TINY, cli_command, cli_env, one_line_error, run_cli
 from stabexp import memory, sweep
-from stabexp.paths import conf_dir
+from stabexp.compose import compose as compose_config
 
 GiB = 2 ** 30
 
@@ -59,33 +57,23 @@ def test_packing_on_a_gpu_runs_no_more_jobs_than_cores():
     assert sweep.packing(jobs, 16, 128 * GiB, [139 * GiB], threads=4).at_once == 4
 
 
-def _compose(*overrides):
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            return compose(config_name="config", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
-
-
 @pytest.mark.parametrize("overrides, measured_mib", [
     # Peaks recorded in docs/data/deepnet_cells.csv (2026-12-01/02).
     (["experiment=lm_1000_layers", "group=deepnorm", "depth=1000"], 5439.4),
     (["experiment=deepnet_1000_layers", "group=deepnorm", "depth=500"], 4541.8),
     (["experiment=lm_depth", "group=admin", "depth=100"], 876.7),
     (["experiment=lm_depth", "group=admin", "depth=6"], 450.2),
+    # A translation batch under a token budget (2026-12-05, its summary.json's peak_memory_mib).
+    (["experiment=deepnet_early_paper", "group=postln", "seed=0"], 12621.4),
 ])
 def test_the_memory_estimate_is_on_the_high_side_of_measured_peaks(overrides, measured_mib):
-    estimate = memory.run_bytes(_compose(*overrides)) / 2 ** 20
+    estimate = memory.run_bytes(compose_config(overrides)) / 2 ** 20
     assert measured_mib <= estimate <= 3 * measured_mib, estimate
 
 
 def test_the_default_launcher_is_packed_and_basic_is_one_line_away():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        packed = compose(config_name="config", overrides=["experiment=deepnet_depth"], return_hydra_config=True)
-        basic = compose(config_name="config", overrides=["hydra/launcher=basic"], return_hydra_config=True)
-    GlobalHydra.instance().clear()
+    packed = compose_config(["experiment=deepnet_depth"], return_hydra_config=True)
+    basic = compose_config(["hydra/launcher=basic"], return_hydra_config=True)
     assert packed.hydra.launcher._target_.endswith("PackedLauncher")
     assert basic.hydra.launcher._target_.endswith("BasicLauncher")
 
@@ -237,3 +225,23 @@ def test_a_relaunched_sweep_starts_no_process_for_its_finished_jobs(stabexp_main
     assert again.returncode == 0
     assert "2 job(s) in" in again.stdout + again.stderr and "2 finished before" in again.stdout + again.stderr
     assert "# sweep:" not in again.stderr  # nothing was launched
+
+
+@pytest.mark.parametrize("sweep", [
+    ["seed=0,1,2", "depth=2,6", "train.lr=1e-3,5e-4", "optim.betas=[0.9,0.98],[0.9,0.999]"],
+    ["experiment=deepnet_depth", "scale=quick"],
+    ["group=postln,preln", "train.warmup_steps=0,10", "task=lm"],
+])
+def test_a_swept_value_set_on_the_first_cell_is_the_cell_hydra_composes(monkeypatch, sweep):
+    """stabexp.compose sets a plain key's other values on the first cell's config instead of
+    composing each (a sweep of 1,000 seeds: one composition): the same configs either way."""
+    from omegaconf import OmegaConf
+
+    from stabexp import compose
+
+    fast = compose.sweep_cells(sweep, True).configs
+    monkeypatch.setattr(compose, "_with_value", lambda *args: None)
+    composed = compose.sweep_cells(sweep, True).configs
+    assert len(fast) == len(composed) > 1
+    for a, b in zip(fast, composed):
+        assert OmegaConf.to_yaml(a, resolve=True) == OmegaConf.to_yaml(b, resolve=True)

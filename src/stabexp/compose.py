@@ -7,7 +7,7 @@ the override and what is allowed (ConfigError), never Hydra's traceback.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Optional
 
 from omegaconf import DictConfig
 
@@ -40,16 +40,16 @@ def sweeps(overrides: List[str]) -> List[str]:
 
 class Cells(NamedTuple):
     multirun: bool           # -m, or a preset that sets hydra.mode=MULTIRUN
-    hydra: DictConfig        # the hydra node a job runs under (its launcher's overrides applied)
+    hydra: DictConfig        # the hydra node a job runs under (the command's hydra.* overrides applied)
     configs: List[DictConfig]  # the first cell, then each other value of each override in turn
 
 
 def sweep_cells(overrides: List[str], multirun: bool, config_dirs: List[Path] = (),
-                launcher: List[str] = ()) -> Cells:
+                hydra_overrides: List[str] = ()) -> Cells:
     """The config for each value every override takes (the others at their first value), with
-    the user's config folders on the search path; `launcher`: the command's hydra/launcher
-    overrides. A sweep without -m, an interval under the basic sweeper, a glob() that matches
-    nothing: ConfigError."""
+    the user's config folders on the search path; `hydra_overrides`: the command's hydra.* and
+    hydra/... overrides, composed with the first cell. A sweep without -m, an interval under the
+    basic sweeper, a glob() that matches nothing, a range() with no value: ConfigError."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -105,16 +105,42 @@ def sweep_cells(overrides: List[str], multirun: bool, config_dirs: List[Path] = 
                 raise ConfigError(f"{sampled[0].input_line}: Hydra's basic sweeper cannot sample an interval; it "
                                   "takes comma lists, range(), choice() and glob() (interval() needs a sampling "
                                   "sweeper such as hydra/sweeper=optuna)")
+            # The command's own hydra overrides (its search path is config_dirs, added to each).
+            hydra_lines = [h for h in hydra_overrides if not h.lstrip("+").startswith("hydra.searchpath=")]
+            if hydra_lines:
+                hydra_cfg = compose_one([*parsed[:len(first)], *parse(hydra_lines)], [*first, *hydra_lines],
+                                        return_hydra_config=True).hydra
             # Every value of every override, the others at their first value.
-            combos = [[c[0] for c in candidates]]
+            base, groups = [c[0] for c in candidates], config_groups(config_dirs)
+            configs = [compose_one(parsed, base)]
             for i, c in enumerate(candidates):
                 for v in c[1:]:
-                    combos.append([*combos[0][:i], v, *combos[0][i + 1:]])
-            if launcher:
-                hydra_cfg = compose_one([], [*first, *launcher], return_hydra_config=True).hydra
-            return Cells(multirun, hydra_cfg, [compose_one(parsed, combo) for combo in combos])
+                    combo = [*base[:i], v, *base[i + 1:]]
+                    configs.append(_with_value(configs[0], parse([v])[0], groups) or compose_one(parsed, combo))
+            return Cells(multirun, hydra_cfg, configs)
     finally:
         GlobalHydra.instance().clear()
+
+
+def _with_value(cfg: DictConfig, value, groups: List[str]) -> Optional[DictConfig]:
+    """The first cell's config with one plain key set to another of its sweep's values, as Hydra
+    applies a value override after composing (OmegaConf.update): a sweep of 1,000 seeds costs one
+    composition, not 1,000. None where the value changes the composition itself (a config group,
+    a key added with + or deleted with ~) or does not fit the key: then it is composed."""
+    import copy
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    key = value.key_or_group
+    if "/" in key or key.split("@")[0] in groups or value.is_add() or value.is_delete() or value.is_force_add():
+        return None
+    try:
+        changed = copy.deepcopy(cfg)  # its struct flag and schema types kept
+        OmegaConf.update(changed, key, value.value(), merge=True)
+    except OmegaConfBaseException:
+        return None
+    return changed
 
 
 def _values_of(parsed, config_dirs: List[Path] = ()) -> List[List[str]]:
@@ -132,7 +158,7 @@ def _values_of(parsed, config_dirs: List[Path] = ()) -> List[List[str]]:
                 these = list(o.sweep_string_iterator())
             else:
                 these = [str(o.value().start), str(o.value().end)]
-        except HydraException as err:
+        except (HydraException, ValueError) as err:  # range(2,4,0): Python's own ValueError
             raise ConfigError(f"{o.input_line}: {str(err).splitlines()[0]}") from None
         if not these:
             raise ConfigError(_empty_sweep(o, config_dirs))
@@ -152,6 +178,9 @@ def _explain(override, line: str, err: Exception, config_dirs: List[Path] = ()) 
     text = f"{err} {err.__cause__ or ''}"
     if key in config_groups(config_dirs) and ("Could not find" in text or "Could not load" in text):
         return f"{key}={value} is not a known {key}: choose one of {_choices(key, config_dirs)}"
+    if key.lstrip("+").startswith("hydra.sweeper.params"):  # Hydra fails on it, with a traceback
+        return (f"{line}: Hydra cannot set its sweeper's params on the command line: sweep a key there "
+                f"with -m KEY=A,B, or in a preset's hydra.sweeper.params")
     if "not in struct" in text or "Could not override" in text or "Could not append" in text:
         return unknown_key_message(key.lstrip("+~"))
     first = str(err.__cause__ or err).strip().splitlines()[0]
@@ -159,9 +188,13 @@ def _explain(override, line: str, err: Exception, config_dirs: List[Path] = ()) 
 
 
 def _empty_sweep(override, config_dirs: List[Path] = ()) -> str:
-    """A sweep with no value: a glob() that matched nothing, or glob() on a key that is not a
-    config group (Hydra would run no job at all)."""
+    """A sweep with no value (Hydra would run no job at all): a range() that is empty, a glob()
+    that matched nothing, or glob() on a key that is not a config group."""
+    from hydra.core.override_parser.types import Glob
+
     key = override.get_key_element().lstrip("+~")
+    if not isinstance(override.value(), Glob):
+        return f"{override.input_line} sweeps no value: give {key} at least one (range(a,b) takes a < b)"
     if key in config_groups(config_dirs):
         return f"{override.input_line} matches no {key}: choose from {_choices(key, config_dirs)}"
     return (f"{override.input_line}: glob() sweeps the options of a config group "

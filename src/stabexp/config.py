@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from stabexp.errors import ConfigError, need  # noqa: F401  (also stabexp.config.ConfigError)
-from stabexp.model_options import ModelOptions
+from stabexp.model_options import NORMS, ModelOptions
 from stabexp.paths import outputs_dir
 
 
@@ -469,7 +469,6 @@ def _check_group(cfg: DictConfig) -> None:
 
 def _check_model(cfg: DictConfig) -> None:
     from stabexp import plugins
-    from stabexp.model.transformer import NORMS
 
     m, g = cfg.model, cfg.group
     for key in ("dyt_alpha", "dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):

@@ -89,30 +89,33 @@ def least_step_bytes(cfg) -> int:
     attention output and the FFN's hidden layer: d + d + ffn per token, far below all it keeps)
     and the logits with their gradient. A run that needs more than this cannot run; one that
     needs less may still not."""
-    kind, t, m = cfg.task.kind, cfg.task, cfg.model
+    kind, t = cfg.task.kind, cfg.task
     if kind in ("sort", "reverse", "lm"):
-        tokens = cfg.train.batch_size * (t.seq_len + 1)
-        outputs = t.vocab_size
-    elif kind == "teacher":
-        tokens, outputs = cfg.train.batch_size, t.classes
-    else:
-        return 0
+        return _kept_bytes(cfg, cfg.train.batch_size * (t.seq_len + 1), t.vocab_size)
+    if kind == "teacher":
+        return _kept_bytes(cfg, cfg.train.batch_size, t.classes)
+    return 0
+
+
+def _kept_bytes(cfg, tokens: int, outputs: int) -> int:
+    """The fp32 activations kept of each layer for `tokens` tokens, and the logits with their gradient."""
+    m = cfg.model
     per_token = sum(stack_depths(cfg)) * (2 * m.d_model + m.ffn_dim) + 2 * outputs
     return 4 * tokens * per_token
 
 
-def check_fits(cfg, device: torch.device) -> None:
+def check_fits(cfg, device: torch.device, world: int = 1) -> None:
     """ConfigError when one step's batch cannot fit in the memory left (least_step_bytes),
     before anything is built: a batch far too big is one line, not a process the kernel kills
-    when it has taken the machine's memory from every other job on it."""
+    when it has taken the machine's memory from every other job on it. `world`: the processes
+    that share each batch."""
     import os
 
-    from stabexp import distributed
     from stabexp.errors import ConfigError
 
     # K processes share each batch: a GPU holds its rank's share, a host its ranks' shares.
     sharing = 1 if device.type == "cuda" else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    need, free = least_step_bytes(cfg) * sharing // distributed.world(), available_bytes(device)
+    need, free = least_step_bytes(cfg) * sharing // world, available_bytes(device)
     if need > free:
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not allowed here: one step of it needs at "
                           f"least {need / 2 ** 30:.1f} GiB (its activations and logits, a lower estimate) and "
@@ -141,8 +144,20 @@ def run_bytes(cfg) -> int:
     machine: the process's base, 16 bytes a parameter (the weights, their gradient, Adam's two
     moments; the probes' copies of the weights add to it) and 8 x the least activation memory
     of a step (least_step_bytes, a lower bound: the 1,000-layer runs of deepnet_1000_layers and
-    lm_1000_layers peaked at 6.6 and 5 times it, docs/data/deepnet_cells.csv)."""
-    return BASE_BYTES + 16 * parameters(cfg) + 8 * least_step_bytes(cfg)
+    lm_1000_layers peaked at 6.6 and 5 times it, docs/data/deepnet_cells.csv; a translation batch
+    under a token budget: budget_step_bytes)."""
+    return BASE_BYTES + 16 * parameters(cfg) + 8 * (least_step_bytes(cfg) or budget_step_bytes(cfg))
+
+
+def budget_step_bytes(cfg) -> int:
+    """What least_step_bytes counts, for a translation batch as full as its token budget lets it
+    be (train.max_tokens padded tokens on each side, stabexp.data.batching): not a bound below
+    (a batch may be less full), but the size such a run's steps come close to. Without it the
+    18L-18L, d = 512 runs of deepnet_early_paper were counted at 2.5 GiB, packed two on a
+    24 GiB machine, and peaked at 12 GiB each (2026-12-05); 0 without a token budget."""
+    if cfg.task.kind != "translation" or cfg.train.max_tokens <= 0:
+        return 0
+    return _kept_bytes(cfg, cfg.train.max_tokens, cfg.task.vocab_size)
 
 
 def total_bytes() -> int:

@@ -9,13 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional
 
+# The norm kinds model.norm and group.norm name, each built by model/transformer.py's make_norm.
+NORMS = ("layernorm", "rmsnorm", "dyt")
+
 
 @dataclass(kw_only=True)
 class ModelOptions:
     d_model: int = 64          # residual width d (normmlp: hidden width)
     ffn_dim: int = 128         # FFN hidden width
     n_heads: int = 2           # attention heads; d_model must divide by it
-    norm: str = "layernorm"    # layernorm | rmsnorm, at every norm position of the group's placement
+    norm: str = "layernorm"    # one of NORMS, at every norm position of the group's placement
     dropout: float = 0.0       # on the embeddings, the attention weights and the branch outputs;
                                # 0 keeps runs deterministic
     qk_norm: bool = False      # QK-LayerNorm: a norm over each head's q and k before q.k

@@ -48,22 +48,30 @@ def flags_of(args: List[str], overrides: List[str]) -> List[str]:
 
 
 def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = True,
-                    config_dirs: List[Path] = (), launcher: List[str] = (),
+                    config_dirs: List[Path] = (), hydra_overrides: List[str] = (),
                     world: Optional[Tuple[int, bool]] = None) -> bool:
     """Compose and check the config for each value every override takes (stabexp.compose), on
     the processes each job will run on, and (prepare_data) fetch and check the data each
-    distinct task needs; raise ConfigError. Return whether the run is a multirun. `launcher`:
-    the command's hydra/launcher overrides (the processes a job runs on)."""
+    distinct task needs; raise ConfigError. Return whether the run is a multirun.
+    `hydra_overrides`: the command's hydra.* and hydra/... ones (the launcher among them: the
+    processes a job runs on)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError
 
     from stabexp.data import prepare
     from stabexp.train.trainer import check_config
 
-    cells = sweep_cells(overrides, multirun, config_dirs, launcher)
+    cells = sweep_cells(overrides, multirun, config_dirs, hydra_overrides)
     world, grouped = world or _world(cells.hydra)
     tasks = {}
     for cfg in cells.configs:
-        check_config(cfg, world, grouped)
+        try:
+            check_config(cfg, world, grouped)
+        except ConfigAttributeError as err:  # a key every run reads, deleted by ~KEY
+            key = err.full_key or "a key"
+            deleted = next((o for o in overrides if o.startswith("~")), f"~{key}")
+            raise ConfigError(f"{deleted} deletes {key}, which every run reads: set it instead "
+                              f"({key}=VALUE)") from None
         tasks.setdefault(OmegaConf.to_yaml(cfg.task), cfg)
     if prepare_data:  # every value is good: now the data, once per task, before any job starts
         for cfg in tasks.values():
@@ -110,7 +118,8 @@ def preflight(args: List[str], prepare_data: bool = True, world: Optional[Tuple[
     config_dirs = user_config_dirs(command.config_dir, hydra_overrides)
     launcher = [h for h in hydra_overrides if h.lstrip("+").startswith(("hydra/launcher", "hydra.launcher"))]
     _check_packing(launcher)
-    multirun = check_overrides(ours, command.multirun, config_dirs=config_dirs, launcher=launcher, world=world,
+    multirun = check_overrides(ours, command.multirun, config_dirs=config_dirs, hydra_overrides=hydra_overrides,
+                               world=world,
                                prepare_data=prepare_data and not (command.cfg or wants_help))
     return Checked(ours, hydra_overrides, flags_of(args, command.overrides), multirun, wants_help, config_dirs)
 

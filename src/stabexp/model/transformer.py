@@ -87,7 +87,6 @@ class DyT(nn.Module):
         return torch.tanh(self.alpha * x) * self.weight + self.bias
 
 
-NORMS = ("layernorm", "rmsnorm", "dyt")
 NORM_TYPES = (nn.LayerNorm, nn.RMSNorm, DyT)
 
 

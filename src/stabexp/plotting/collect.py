@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from stabexp.train.files import read_summary, summary_file_problem
+from stabexp.train.files import find_runs, read_summary, summary_file_problem
 
 log = logging.getLogger("stabexp")
 
@@ -37,11 +37,6 @@ class Tables(dict):
             return self[name]
         except KeyError:
             raise AttributeError(name) from None
-
-
-def find_runs(outputs: Path):
-    return sorted(p.parent for p in Path(outputs).rglob("summary.json")
-                  if "collected" not in p.parts and "figures" not in p.parts)
 
 
 def collect(outputs: Path) -> Tables:

@@ -59,8 +59,7 @@ def export_run(run: Path, logdir: Optional[Path]) -> Path:
 
 
 def main(argv: List[str]) -> int:
-    from stabexp.plotting.collect import find_runs
-    from stabexp.train.files import is_locked
+    from stabexp.train.files import find_runs, is_locked
 
     args = list(argv)
     logdir = None

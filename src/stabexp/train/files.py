@@ -152,6 +152,13 @@ def summary_file_problem(path: Path) -> Optional[str]:
         return f"it cannot be read as JSON ({str(err).splitlines()[0][:60]})"
 
 
+def find_runs(outputs: Path) -> List[Path]:
+    """Every run folder under `outputs` (a folder holding a summary.json), in order; the
+    collected tables and figures made from them are not runs."""
+    return sorted(p.parent for p in Path(outputs).rglob(SUMMARY)
+                  if "collected" not in p.parts and "figures" not in p.parts)
+
+
 def read_summary(out_dir: Path) -> Optional[Dict]:
     """A run folder's summary.json; None when it has none, or when what it has is not a run's
     summary (summary_file_problem says why)."""

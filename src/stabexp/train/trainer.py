@@ -126,7 +126,7 @@ def check(cfg: DictConfig) -> None:
     so that they go on, or stop, together."""
     try:
         check_config(cfg, distributed.world(), distributed.active())
-        memory.check_fits(cfg, device_of(cfg.train.device))
+        memory.check_fits(cfg, device_of(cfg.train.device), distributed.world())
         refusal = None
     except ConfigError as err:
         refusal = str(err)
