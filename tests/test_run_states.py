@@ -150,3 +150,32 @@ def test_cuda_without_a_gpu_is_one_line_and_no_run(stabexp_cli):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("stabexp: error: train.device=cuda is not allowed here")
     assert not list(stabexp_cli.outputs.rglob("summary.json"))  # Hydra's own .hydra/ aside
+
+
+def _full_disk_at_checkpoints(monkeypatch):
+    import errno
+
+    from stabexp.train import checkpoint
+
+    def no_space(out_dir, *args, **kwargs):
+        raise OSError(errno.ENOSPC, f"No space left on device: {out_dir}/checkpoint.pt was not written")
+
+    monkeypatch.setattr(checkpoint, "save", no_space)
+
+
+def test_a_full_disk_is_one_line_and_the_run_is_recorded_failed(stabexp_main, monkeypatch):
+    _full_disk_at_checkpoints(monkeypatch)
+    r = stabexp_main("run", *TINY, "train.checkpoint_every=2")
+    assert r.returncode == 1
+    lines = [line for line in r.stderr.splitlines() if line.startswith("stabexp: error:")]
+    assert len(lines) == 1 and "the disk is full" in lines[0] and "resumes" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    summary = json.loads(next(stabexp_main.outputs.glob("runs/*/summary.json")).read_text())
+    assert summary["status"] == "failed" and "No space left" in summary["error"]
+
+
+def test_a_full_disk_ends_a_job_of_a_sweep_in_one_line(stabexp_main, monkeypatch):
+    _full_disk_at_checkpoints(monkeypatch)
+    r = stabexp_main("run", "-m", *TINY, "train.checkpoint_every=2", "group=postln,preln", "hydra/launcher=basic")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "2 job(s) of the sweep did not finish" in r.stderr and r.stderr.count("the disk is full") >= 2

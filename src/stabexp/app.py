@@ -12,6 +12,7 @@ sweep skips a held job instead, in `task`).
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import sys
@@ -162,16 +163,34 @@ def task(cfg) -> None:
         say(f"stabexp: stopped by {stop}: {out_dir} has a checkpoint; the same command resumes it",
             file=sys.stderr)
         sys.exit(128 + stop.signum)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            _failed(err, out_dir, hydra_cfg, in_sweep)
+            return
+        # A full disk is the machine's state, not a fault of the code: one line, no traceback. The
+        # run is recorded "failed" where it could be, and its last checkpoint stays.
+        why = f"the disk is full: {err.strerror or err}; free space and the same command resumes the run"
+        if in_sweep and distributed.world() == 1:
+            _job_ended(out_dir, f"failed: {why}", hydra_cfg)
+            return
+        say(f"stabexp: error: {why}", file=sys.stderr)
+        sys.exit(1)
     except Exception as err:
-        if not in_sweep or distributed.world() > 1:  # K processes stop together (torchrun ends them)
-            raise
-        _job_ended(out_dir, f"failed: {type(err).__name__}: {err}", hydra_cfg, err)
+        _failed(err, out_dir, hydra_cfg, in_sweep)
         return
     eval_loss, bleu = summary.get("final_eval_loss"), summary.get("test_bleu")
     log.info("%s: %s after %s steps, eval loss %s%s, results in %s", summary["group"],
              summary["status"], summary.get("steps_done"),
              f"{eval_loss:.4f}" if eval_loss is not None else "n/a",
              f", test BLEU {bleu:.2f}" if bleu is not None else "", out_dir)
+
+
+def _failed(err: Exception, out_dir: Path, hydra_cfg, in_sweep: bool) -> None:
+    """An error the run did not expect: raised for one run (and on K processes, which stop
+    together: torchrun ends them); one job of a sweep ends and the sweep goes on."""
+    if not in_sweep or distributed.world() > 1:
+        raise err
+    _job_ended(out_dir, f"failed: {type(err).__name__}: {err}", hydra_cfg, err)
 
 
 def hydra_app():
