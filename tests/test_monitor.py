@@ -473,3 +473,33 @@ def test_a_monitor_refuses_bad_arguments_in_one_line(tmp_path):
     assert monitor.close()["steps_done"] == 1  # a second close writes nothing more
     with pytest.raises(RuntimeError, match="after monitor.close"):
         monitor.step(0.4)
+
+
+def test_a_module_holding_its_network_as_an_attribute_is_monitored_through_it(tmp_path):
+    """The usual LightningModule: the Hugging Face model as `self.model`. The monitor finds it
+    (the one child an adapter knows) and writes what it writes on the model itself; a module
+    with no such child is refused naming what to pass."""
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = _gpt2(2)
+
+    probe, data = {"input_ids": _tokens(4, T, seed=1)}, _tokens(5, 8, T)
+    written = {}
+    for name, build in (("inner", lambda: _gpt2(2)), ("holder", Holder)):
+        module = build()
+        network = module.model if name == "holder" else module
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+        monitor = Monitor(module, probe, tmp_path / name, optimizer=optimizer)
+        for step in range(1, 6):
+            out = network(input_ids=data[step - 1], labels=data[step - 1])
+            out.loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            monitor.step(out.loss)
+        monitor.close()
+        written[name] = pd.read_csv(tmp_path / name / "layers.csv")
+    columns = ["step", "layer", "sublayer", "grad_norm", "ln_input_norm", "max_attn_logit"]
+    pd.testing.assert_frame_equal(written["holder"][columns], written["inner"][columns])
+    with pytest.raises(TypeError, match="no adapter knows Linear: pass the module that holds the layers"):
+        Monitor(nn.Linear(4, 4), torch.zeros(1, 4), tmp_path / "linear")

@@ -298,14 +298,27 @@ class HFDecoderAdapter(Adapter):
 
 def adapter_for(model: nn.Module) -> Adapter:
     """The adapter of a model: stabexp's own, one built on torch.nn.Transformer, or a Hugging
-    Face GPT-2 / Llama-style decoder; a TypeError naming what to write otherwise."""
+    Face GPT-2 / Llama-style decoder; else of the one child of the model that is one of those (a
+    LightningModule holding its network as `self.model`, say); a TypeError naming what to write
+    otherwise."""
     if isinstance(model, Adapter):
         return model
+    found = _known_adapter(model)
+    if found is None:
+        inner = [a for a in map(_known_adapter, model.children()) if a is not None]
+        found = inner[0] if len(inner) == 1 else None
+    if found is None:
+        raise TypeError(f"no adapter knows {type(model).__name__}: pass the module that holds the layers, or "
+                        "write a stabexp.probes.adapters.Adapter for it and pass adapter= (docs/probes.md, "
+                        "'Adapters')")
+    return found
+
+
+def _known_adapter(model: nn.Module) -> Optional[Adapter]:
     if hasattr(model, "residuals") and hasattr(model, "features"):
         return StabexpAdapter(model)
     if hasattr(model, "config") and getattr(model.config, "model_type", None) is not None:
         return HFDecoderAdapter(model)
     if any(isinstance(m, (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder)) for m in model.modules()):
         return TorchTransformerAdapter(model)
-    raise TypeError(f"no adapter knows {type(model).__name__}: write a stabexp.probes.adapters.Adapter for it "
-                    "(docs/probes.md, 'Adapters')")
+    return None
