@@ -401,8 +401,8 @@ def test_the_documented_adapter_of_ones_own(tmp_path, monkeypatch):
 
 
 def test_the_monitor_logs_to_the_trackers_what_it_writes(tmp_path):
-    """logger="tensorboard": the same points as metrics.csv and layers.csv, beside the run folder
-    as a run's are."""
+    """logger="tensorboard": the same points as metrics.csv and layers.csv, inside the monitor's
+    folder (it writes nowhere else)."""
     from test_tracking import assert_same_points, csv_column, events, scalars
 
     model, probe = _gpt2(2), {"input_ids": _tokens(2, T, seed=1)}
@@ -416,7 +416,8 @@ def test_the_monitor_logs_to_the_trackers_what_it_writes(tmp_path):
         optimizer.zero_grad()
         monitor.step(loss)
     monitor.close()
-    acc = events(tmp_path / "sweep" / "tensorboard" / "gpt2")
+    acc = events(folder / "tensorboard" / "gpt2")
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["gpt2"]
     for column in ("loss", "model_update", "grad_norm"):
         assert_same_points(scalars(acc, column), csv_column(folder / "metrics.csv", column), column)
     tag = "ln_input_norm/decoder/2/ffn"

@@ -25,6 +25,7 @@ monitor as a Lightning callback and a Hugging Face Trainer callback.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Union
@@ -63,9 +64,12 @@ def optimiser_name(optimizer: Optional[torch.optim.Optimizer]) -> str:
     return kind
 
 
-def monitor_config(probes: Sequence[str], every: int, first_steps: int, optimizer, logger) -> DictConfig:
+def monitor_config(probes: Sequence[str], every: int, first_steps: int, optimizer, logger,
+                   out_dir: Optional[Path] = None) -> DictConfig:
     """The config a monitor's probes and trackers read: stabexp's schema for `probe`, `train`,
-    `optim` and `logger`, set from the arguments."""
+    `optim` and `logger`, set from the arguments. The trackers' files go inside `out_dir`
+    (out_dir/tensorboard, out_dir/wandb; MLflow's database out_dir/mlflow.db unless
+    $MLFLOW_TRACKING_URI names one), so that a monitor writes nowhere else."""
     if not isinstance(every, int) or every < 1:
         raise ConfigError(f"every={every!r} is not allowed: an integer >= 1 (a step k is probed when k % every == 0)")
     if not isinstance(first_steps, int) or first_steps < 0:
@@ -92,9 +96,16 @@ def monitor_config(probes: Sequence[str], every: int, first_steps: int, optimize
     optim = OptimConfig(name=optimiser_name(optimizer), weight_decay=float(group.get("weight_decay", 0.0)),
                         momentum=float(group.get("momentum", 0.0) or 0.0))
     train = TrainConfig(lr=float(group.get("lr", 1.0)))
+    inside = {}
+    if out_dir is not None:
+        out_dir = Path(out_dir).resolve()
+        inside = {"tensorboard": {"dir": str(out_dir / "tensorboard")}, "wandb": {"dir": str(out_dir / "wandb")},
+                  "mlflow": {} if os.environ.get("MLFLOW_TRACKING_URI") else
+                  {"tracking_uri": f"sqlite:///{out_dir / 'mlflow.db'}"}}
+    trackers = {n: LOGGERS[n](**inside.get(n, {})) for n in loggers}
     return OmegaConf.create({"probe": probe, "train": OmegaConf.structured(train),
                              "optim": OmegaConf.structured(optim),
-                             "logger": OmegaConf.structured(LoggerConfig(**{n: LOGGERS[n]() for n in loggers}))})
+                             "logger": OmegaConf.structured(LoggerConfig(**trackers))})
 
 
 class Monitor:
@@ -109,7 +120,8 @@ class Monitor:
     every, first_steps: as probe.every and probe.first_steps (a step k is probed when
     k <= first_steps or k % every == 0). optimizer: read for the lr, the optimiser's name and
     weight decay (summary.json, the effective lr), and hooked for the gradients before each
-    step. logger: "tensorboard", "mlflow", "wandb" or a list of them. overwrite: replace the
+    step. logger: "tensorboard", "mlflow", "wandb" or a list of them, their files inside
+    out_dir (monitor_config). overwrite: replace the
     run's files a folder holds (refused without it). describe: what
     summary.json says of the run (group, depth, model, task, seed, ...), for `stabexp report`.
     evaluate(model) -> {"eval_loss": ..., "eval_acc": ...}: run (in eval mode) every
@@ -135,7 +147,8 @@ class Monitor:
             raise ConfigError(f"{type(model).__name__} has no parameters: the monitor measures a model's "
                               "parameters, their gradients and updates")
         self.adapter = adapter if adapter is not None else adapter_for(model)
-        self.cfg = config if config is not None else monitor_config(probes, every, first_steps, optimizer, logger)
+        self.cfg = config if config is not None else monitor_config(probes, every, first_steps, optimizer, logger,
+                                                                    out_dir)
         classes = plugins.probes(self.cfg)
         given = {SUBLAYERS, PROBE_BATCH, REFERENCE} | ({STABEXP_MODEL} if isinstance(self.adapter, StabexpAdapter)
                                                        else set()) | ({"task"} if task is not None else set())
