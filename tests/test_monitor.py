@@ -504,3 +504,22 @@ def test_a_module_holding_its_network_as_an_attribute_is_monitored_through_it(tm
     pd.testing.assert_frame_equal(written["holder"][columns], written["inner"][columns])
     with pytest.raises(TypeError, match="no adapter knows Linear: pass the module that holds the layers"):
         Monitor(nn.Linear(4, 4), torch.zeros(1, 4), tmp_path / "linear")
+
+
+def test_the_report_of_a_folder_monitored_without_evaluate_says_so(tmp_path, capsys):
+    from stabexp.report import main as report
+
+    model, probe = _gpt2(2), {"input_ids": _tokens(2, T, seed=1)}
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    monitor = Monitor(model, probe, tmp_path / "sweep" / "gpt2", optimizer=optimizer, steps=2)
+    for step in range(2):
+        loss = model(input_ids=_tokens(2, T, seed=step), labels=_tokens(2, T, seed=step)).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step(loss)
+    monitor.close()
+    capsys.readouterr()
+    assert report([str(tmp_path / "sweep")]) == 0
+    out = capsys.readouterr().out
+    assert "| not evaluated |" in out and "evaluate=" in out and "nan" not in out

@@ -60,6 +60,8 @@ def _cell(runs: pd.DataFrame) -> str:
         if _translation(done):
             spread = (f" [{done.test_bleu.min():.2f}-{done.test_bleu.max():.2f}]" if len(done) > 1 else "")
             parts.append(f"BLEU {done.test_bleu.mean():.2f}{spread} (loss {done.final_eval_loss.mean():.3f}{n})")
+        elif done.final_eval_loss.isna().all():  # a monitor given no evaluate=
+            parts.append(f"not evaluated{n}")
         else:
             parts.append(f"{done.final_eval_loss.mean():.3f} ({done.final_eval_acc.mean():.3f}{n})")
     parts += [_state(r) for r in diverged.itertuples()]
@@ -234,7 +236,10 @@ def sweep_table(sweep_dir: Path) -> str:
                 first = runs.dropna(subset=[f"{rule}_eval_loss"]).iloc[0]
                 note += (f" Rule \"{name}\": {first[f'{rule}_eval_loss']:.3f}"
                          f" ({first[f'{rule}_eval_acc']:.3f}).")
-    text = head + "\n".join(lines) + ("\n\n" + note if note else "")
+    if not at_init and runs[runs.status == "completed"].final_eval_loss.isna().any():
+        note += (" Not evaluated: a run with no eval loss (a folder of stabexp.monitor measures one when its "
+                 "Monitor is given evaluate=, docs/probes.md).")
+    text = head + "\n".join(lines) + ("\n\n" + note.strip() if note.strip() else "")
     extra = [] if at_init else depth_law_section(runs) + cost_section(runs)
     return text + "\n".join(["", *fits_section(tables), *settings_section(runs), *extra,
                              *update_bound_section(tables), *layer_importance_section(tables)])
