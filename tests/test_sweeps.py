@@ -184,6 +184,29 @@ def test_a_killed_job_is_reported_and_the_others_finish(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_job_whose_forkserver_is_killed_is_interrupted_at_a_checkpoint_not_failed(tmp_path):
+    """kill -9 of the process server the jobs are forked from: the job it leaves running is
+    stopped at a checkpoint and reported interrupted; the other jobs run; the same command
+    resumes it."""
+    sweep_args = ["run", "-m", f"group={','.join(GROUPS)}", *SWEEP]
+    proc = subprocess.Popen(cli_command(*sweep_args), env=cli_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    victim, pid = next(iter(_wait_for(
+        lambda: {f: p for f, p in _locked_pids(tmp_path).items() if sum(1 for _ in open(f / "metrics.csv")) > 8}
+    ).items()))
+    forkserver = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the job's parent
+    os.kill(forkserver, signal.SIGKILL)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1 and "exit code 255" not in err, err[-3000:]
+    assert f"{victim}: interrupted: the sweep's process server was killed" in err, err[-3000:]
+    summary = json.loads((victim / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and (victim / "checkpoint.pt").exists()
+    again = run_cli(tmp_path, *sweep_args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((victim / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, jobs_get", [(signal.SIGINT, "SIGINT"), (signal.SIGKILL, "SIGTERM")])
 def test_a_stopped_sweep_checkpoints_every_running_job_and_the_same_command_resumes(tmp_path, alone, signum,
                                                                                     jobs_get):

@@ -44,6 +44,10 @@ log = logging.getLogger("stabexp")
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 MEMORY_SHARE = 0.85  # of the machine's (a GPU's) memory the packed jobs' estimates may fill
+# The exit code multiprocessing gives a job whose forkserver died before telling it (its server
+# relays each child's exit status), and how long such a job, still running, gets to checkpoint.
+FORKSERVER_LOST = 255
+ORPHAN_WAIT = 600.0
 # What each process on a GPU holds besides its tensors (memory.run_bytes counts tensors only): its
 # CUDA context, cuBLAS workspaces and the caching allocator's slack. Several hundred MiB on an
 # A100/H100 with torch 2.x; rounded up to 1 GiB.
@@ -257,11 +261,50 @@ def _ended(process, job: Job, reader) -> Dict:
     if message is not None:
         return message
     code = process.exitcode
+    if code == FORKSERVER_LOST and _alive(process.pid):
+        return _orphaned(process.pid, job)
     why = (f"its process was killed by {signal.Signals(-code).name}" if code and code < 0 else
            f"its process ended with exit code {code}") + (" (out of memory?)" if code == -signal.SIGKILL else "")
     log.error("job %s failed: %s", job.out_dir.name, why)
     _record_failure(job.out_dir, why)
     return {"unfinished": [(job.out_dir, f"failed: {why}")]}
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, dead but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def _orphaned(pid: int, job: Job) -> Dict:
+    """A job whose forkserver was killed: it runs on, but its end would go unseen. Stopped as a
+    stopped sweep stops its jobs (SIGTERM: it checkpoints), then reported from its folder."""
+    from stabexp.train.files import read_summary
+
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + ORPHAN_WAIT
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    status = (read_summary(job.out_dir) or {}).get("status")
+    if status in ("completed", "diverged"):
+        return {"ran": True, "unfinished": []}
+    if status == "interrupted":
+        why = ("interrupted: the sweep's process server was killed, and the job stopped at a checkpoint; the "
+               "same command resumes it")
+    else:
+        why = f"failed: the sweep's process server was killed, and the job did not stop at a checkpoint ({status})"
+        _record_failure(job.out_dir, why)
+    log.error("job %s %s", job.out_dir.name, why)
+    return {"unfinished": [(job.out_dir, why)]}
 
 
 def _record_failure(out_dir: Path, why: str) -> None:
