@@ -523,3 +523,39 @@ def test_the_report_of_a_folder_monitored_without_evaluate_says_so(tmp_path, cap
     assert report([str(tmp_path / "sweep")]) == 0
     out = capsys.readouterr().out
     assert "| not evaluated |" in out and "evaluate=" in out and "nan" not in out
+
+
+def test_an_encoder_lm_s_attention_logits_read_the_mask_it_is_called_with():
+    """An nn.TransformerEncoder language model called with a causal mask: the largest logit is
+    over the pairs the mask allows (the encoder's self-attention is not causal by its kind)."""
+    from stabexp.probes.adapters import adapter_for
+
+    class EncoderLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(3)
+            self.embed = nn.Embedding(VOCAB, 16)
+            self.body = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 1,
+                                              enable_nested_tensor=False)
+            self.out = nn.Linear(16, VOCAB)
+
+        def forward(self, x):
+            mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+            return self.out(self.body(self.embed(x), mask=mask, is_causal=True))
+
+    model, x = EncoderLM(), _tokens(2, 8, seed=4)
+    attention = next(s for s in adapter_for(model).sublayers() if s.attention is not None)
+    module, _, logits_of = attention.attention
+    seen = []
+    handle = module.register_forward_pre_hook(lambda m, args, kwargs: seen.append(logits_of(m, args, kwargs).item()),
+                                              with_kwargs=True)
+    adapter_for(model).probe_pass(x)
+    handle.remove()
+    mha, h = model.body.layers[0].self_attn, 2
+    with torch.no_grad():
+        q, k = nn.functional.linear(model.embed(x), mha.in_proj_weight[:32], mha.in_proj_bias[:32]).chunk(2, dim=-1)
+        q, k = (t.unflatten(-1, (h, 8)).transpose(1, 2) for t in (q, k))
+        every_pair = q @ k.transpose(-1, -2) / math.sqrt(8)
+        causal = every_pair.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf"))
+    assert causal.amax().item() < every_pair.amax().item()  # the mask matters for this batch
+    assert seen == pytest.approx([causal.amax().item()], rel=1e-5)

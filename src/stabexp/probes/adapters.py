@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from stabexp.model.transformer import explicit_attention
+from stabexp.model.transformer import attention_logits, explicit_attention
 from stabexp.modes import eval_mode
 from stabexp.probes.statistics import max_attention_logit
 
@@ -198,7 +198,15 @@ class TorchTransformerAdapter(Adapter):
             b_q, b_k = (mha.in_proj_bias[:d], mha.in_proj_bias[d:2 * d]) if mha.in_proj_bias is not None else (None, None)
             q = nn.functional.linear(query, w_q, b_q).unflatten(-1, (h, d // h)).transpose(1, 2)
             k = nn.functional.linear(key, w_k, b_k).unflatten(-1, (h, d // h)).transpose(1, 2)
-            return max_attention_logit(q, k, causal)  # nn.MultiheadAttention scales by 1 / sqrt(d_h)
+            # The masks the model calls the attention with say which pairs it uses (an
+            # nn.TransformerEncoder LM's causal mask, padded keys); without them, the layer's kind.
+            mask, padding = kwargs.get("attn_mask"), kwargs.get("key_padding_mask")
+            scores = attention_logits(q, k, causal if mask is None else False)  # scaled by 1 / sqrt(d_h)
+            for hidden in (mask if mask is None or mask.dim() == 2 else mask.view(-1, h, *mask.shape[-2:]),
+                           None if padding is None else padding[:, None, None, :]):
+                if hidden is not None:
+                    scores = scores.masked_fill(hidden, float("-inf")) if hidden.dtype == torch.bool else scores + hidden
+            return scores.amax()
         return logits
 
     def probe_pass(self, batch):
