@@ -5,6 +5,7 @@ number a probe writes is checked against a computation by hand on the same step,
 is read by `stabexp report` and the API."""
 
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -559,3 +560,28 @@ def test_an_encoder_lm_s_attention_logits_read_the_mask_it_is_called_with():
         causal = every_pair.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf"))
     assert causal.amax().item() < every_pair.amax().item()  # the mask matters for this batch
     assert seen == pytest.approx([causal.amax().item()], rel=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "gptj", "opt", "bert", "t5", "qwen3"])
+def test_a_model_no_adapter_knows_is_one_line_naming_the_adapter_to_write(family, tmp_path):
+    """GPT-NeoX, GPT-J, OPT, BERT, T5 (other layouts) and Qwen3 (q, k normalised): refused when
+    the monitor is built, in one line that names what to write, never an AttributeError later."""
+    import transformers as t
+
+    small = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    build = {
+        "gpt_neox": lambda: t.GPTNeoXForCausalLM(t.GPTNeoXConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
+                                                                 intermediate_size=32, **small)),
+        "gptj": lambda: t.GPTJForCausalLM(t.GPTJConfig(n_layer=1, n_embd=16, n_head=2, rotary_dim=4, **small)),
+        "opt": lambda: t.OPTForCausalLM(t.OPTConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32,
+                                                    word_embed_proj_dim=16, **small)),
+        "bert": lambda: t.BertForMaskedLM(t.BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
+                                                       intermediate_size=32, vocab_size=VOCAB)),
+        "t5": lambda: t.T5ForConditionalGeneration(t.T5Config(num_layers=1, d_model=16, num_heads=2, d_ff=32, d_kv=8,
+                                                              vocab_size=VOCAB)),
+        "qwen3": lambda: t.Qwen3ForCausalLM(t.Qwen3Config(num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
+                                                          num_key_value_heads=1, intermediate_size=32, head_dim=8, **small)),
+    }[family]
+    with pytest.raises(TypeError, match=re.escape(f"({family})") + ".*write a stabexp.probes.adapters.Adapter for it"):
+        Monitor(build(), {"input_ids": _tokens(1, 4)}, tmp_path / family)
+    assert not (tmp_path / family).exists()

@@ -238,15 +238,20 @@ class HFDecoderAdapter(Adapter):
     def __init__(self, model: nn.Module):
         super().__init__(model)
         base = getattr(model, "base_model", model)
-        if hasattr(base, "h"):  # GPT-2
-            self.kind, self.blocks = "gpt2", list(base.h)
-        elif hasattr(base, "layers"):
-            self.kind, self.blocks = "llama", list(base.layers)
-            if getattr(self.blocks[0].self_attn, "q_norm", None) is not None:
-                raise TypeError(f"{type(model).__name__} normalises q and k, which the attention logits here "
-                                "would leave out: write an Adapter for it (docs/probes.md, 'Adapters')")
-        else:
-            raise TypeError(f"{type(model).__name__}: not a GPT-2 or Llama-style decoder (no .h or .layers)")
+        blocks = list(getattr(base, "h", None) or getattr(base, "layers", None) or [])
+        layouts = {"gpt2": ("ln_1", "attn.c_attn", "ln_2", "mlp"),
+                   "llama": ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "post_attention_layernorm", "mlp")}
+        self.kind = next((kind for kind, parts in layouts.items() if blocks and all(
+            _has(block, part) for block in blocks for part in parts)), None)
+        self.blocks = blocks
+        what = f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
+        if self.kind is None:
+            raise TypeError(f"{what} is not laid out as GPT-2 ({', '.join(layouts['gpt2'])}) or Llama "
+                            f"({', '.join(layouts['llama'])}) in each layer: write a stabexp.probes.adapters.Adapter "
+                            "for it and pass adapter= (docs/probes.md, 'Adapters')")
+        if self.kind == "llama" and getattr(blocks[0].self_attn, "q_norm", None) is not None:
+            raise TypeError(f"{what} normalises q and k, which the attention logits here would leave out: write "
+                            "a stabexp.probes.adapters.Adapter for it and pass adapter= (docs/probes.md, 'Adapters')")
 
     def sublayers(self) -> List[Sublayer]:
         found = []
@@ -302,6 +307,14 @@ class HFDecoderAdapter(Adapter):
 
     def feature_mask(self, batch):
         return self._mask(batch)
+
+
+def _has(module: nn.Module, dotted: str) -> bool:
+    for name in dotted.split("."):
+        module = getattr(module, name, None)
+        if module is None:
+            return False
+    return True
 
 
 def adapter_for(model: nn.Module) -> Adapter:
