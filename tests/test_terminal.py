@@ -159,7 +159,7 @@ def test_status_of_a_sweep_still_running_does_not_ask_for_the_command_again(tmp_
     from stabexp.status import format_states
 
     def state(run, status):
-        return {"run": run, "status": status, "last_step": None, "steps": None, "resumes_at": "-", "note": ""}
+        return {"run": run, "status": status, "last_step": None, "steps": None, "resumes_at": "-", "threads": None, "note": ""}
 
     running = format_states(tmp_path, [state("a", "completed"), state("b", "running"), state("c", "not started")])
     assert "Run the same command again" not in running and "still running" in running

@@ -39,7 +39,7 @@ def run_state(run: Path) -> Dict:
     else:
         resumes = f"step {checkpoint_step}" if checkpoint_step else "start (no checkpoint)"
     return {"run": run.name, "status": status, "last_step": _last_step(run / "metrics.csv"),
-            "steps": summary.get("steps"), "resumes_at": resumes,
+            "steps": summary.get("steps"), "resumes_at": resumes, "threads": summary.get("threads"),
             "note": f"summary.json is not a run's: {unreadable}" if unreadable else
                     (summary.get("error") or "") if status == "failed" else
                     (f"at step {summary.get('diverged_at_step')}" if status == "diverged" else
@@ -91,10 +91,12 @@ def sweep_states(sweep: Path) -> List[Dict]:
 
 
 def format_states(sweep: Path, states: List[Dict]) -> str:
-    lines = [str(sweep), "", "| run | status | last step | resumes at | note |", "|---|---|---|---|---|"]
+    # The threads: a CPU run's numbers depend on them (docs/scale.md, "The same files").
+    lines = [str(sweep), "", "| run | status | last step | resumes at | threads | note |", "|---|---|---|---|---|---|"]
     for s in states:
         last = "-" if s["last_step"] is None else f"{s['last_step']}" + (f"/{s['steps']}" if s["steps"] else "")
-        lines.append(f"| {s['run']} | {s['status']} | {last} | {s['resumes_at']} | {s['note'][:80]} |")
+        threads = "-" if s["threads"] is None else s["threads"]
+        lines.append(f"| {s['run']} | {s['status']} | {last} | {s['resumes_at']} | {threads} | {s['note'][:80]} |")
     counts = {state: sum(s["status"] == state for s in states) for state in STATES}
     lines += ["", f"{len(states)} runs: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n)]
     unfinished = counts["interrupted"] + counts["failed"] + counts["not started"]
