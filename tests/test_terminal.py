@@ -165,3 +165,14 @@ def test_status_of_a_sweep_still_running_does_not_ask_for_the_command_again(tmp_
     assert "Run the same command again" not in running and "still running" in running
     stopped = format_states(tmp_path, [state("a", "completed"), state("b", "interrupted")])
     assert "Run the same command again" in stopped
+
+
+def test_hydras_flags_in_any_order_and_one_whose_value_is_optional(stabexp_main):
+    """Hydra's own parser reads the command: `--info` with no value after it, flags before or
+    after the overrides."""
+    r = stabexp_main("run", "--info")
+    assert r.returncode in (0, None) and "Config search path" in r.stdout, r.stderr
+    r = stabexp_main("run", "--cfg", "job", "group=admin", "depth=3", "-p", "group")
+    assert r.returncode in (0, None) and "name: admin" in r.stdout and "depth" not in r.stdout, r.stderr
+    r = stabexp_main("run", "depth=3", "--cfg", "job", "group=admin")
+    assert r.returncode in (0, None) and "depth: 3" in r.stdout and "residual: admin" in r.stdout, r.stderr

@@ -91,8 +91,9 @@ def _run(args: List[str], checked=None) -> int:
             scratch = tempfile.mkdtemp(prefix="stabexp-rank")
             overrides = [o for o in overrides if not o.startswith("hydra.sweep.dir=")]
             extra = [e for e in extra if not e.startswith("hydra.sweep.dir=")] + [f"hydra.sweep.dir='{scratch}'"]
-    # Hydra's parser reads the flags first, then the overrides as one list.
-    sys.argv = ["stabexp", *checked.flags, *overrides, *extra]
+    # Hydra's parser takes the overrides as one list, so they go before every flag (and a flag
+    # whose value is optional, `--info`, is not handed an override as its value).
+    sys.argv = ["stabexp", *overrides, *extra, *checked.flags]
     unfinished.JOBS.clear()
     try:
         hydra_app()()

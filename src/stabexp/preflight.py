@@ -36,8 +36,8 @@ def parse_command(args: List[str]):
 
 def flags_of(args: List[str], overrides: List[str]) -> List[str]:
     """The flags of a command line with their values, in the order typed: the arguments that are
-    not its overrides. Hydra's parser reads every flag before the overrides, its one positional
-    list, so the command handed on to it is the flags and then the overrides."""
+    not its overrides (Hydra's parser takes those as one positional list, so the command handed
+    on to it is the overrides and then the flags)."""
     left, flags = list(overrides), []
     for a in args:
         if a in left:
