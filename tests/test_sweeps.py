@@ -64,7 +64,7 @@ def test_packing_on_a_gpu_runs_no_more_jobs_than_cores():
     (["experiment=lm_depth", "group=admin", "depth=100"], 876.7),
     (["experiment=lm_depth", "group=admin", "depth=6"], 450.2),
     # A translation batch under a token budget (2026-12-05, its summary.json's peak_memory_mib).
-    (["experiment=deepnet_early_paper", "group=postln", "seed=0"], 12621.4),
+    (["experiment=deepnet_early_paper", "group=postln_warmup", "seed=0"], 13215.3),
 ])
 def test_the_memory_estimate_is_on_the_high_side_of_measured_peaks(overrides, measured_mib):
     estimate = memory.run_bytes(compose_config(overrides)) / 2 ** 20

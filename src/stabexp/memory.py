@@ -154,7 +154,7 @@ def budget_step_bytes(cfg) -> int:
     be (train.max_tokens padded tokens on each side, stabexp.data.batching): not a bound below
     (a batch may be less full), but the size such a run's steps come close to. Without it the
     18L-18L, d = 512 runs of deepnet_early_paper were counted at 2.5 GiB, packed two on a
-    24 GiB machine, and peaked at 12 GiB each (2026-12-05); 0 without a token budget."""
+    24 GiB machine, and peaked at 12.3-12.9 GiB each (2026-12-05); 0 without a token budget."""
     if cfg.task.kind != "translation" or cfg.train.max_tokens <= 0:
         return 0
     return _kept_bytes(cfg, cfg.train.max_tokens, cfg.task.vocab_size)
