@@ -340,6 +340,28 @@ def test_the_monitor_example_runs_as_written_and_report_reads_its_folder(tmp_pat
     assert "| gpt2 |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name, group", [("monitor_trainer", "gpt2_trainer"), ("monitor_lightning", "gpt2_lightning")])
+def test_the_callback_examples_run_as_written(name, group, tmp_path, monkeypatch, capsys):
+    """docs/probes.md's Trainer and Lightning examples, each run as the page shows it (`python
+    NAME.py`): 20 steps probed where the defaults say, and `stabexp report` tables the folder."""
+    import runpy
+
+    import pandas as pd
+
+    from stabexp.report import main as report
+
+    (tmp_path / f"{name}.py").write_text(_page_modules(ROOT / "docs" / "probes.md")[name])
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(tmp_path / f"{name}.py"), run_name="__main__")
+    metrics = pd.read_csv(tmp_path / "outputs" / "monitor" / group / "metrics.csv")
+    assert metrics.step.tolist() == list(range(21)) and metrics.model_update.loc[1:].gt(0).all()
+    assert metrics.grad_norm.loc[1:].gt(0).all()
+    capsys.readouterr()
+    assert report(["outputs/monitor"]) == 0
+    assert f"| {group} |" in capsys.readouterr().out
+
+
 def test_the_readme_glob_sweep_runs_every_encoder_decoder_group_but_post_lns():
     """The README's and configuration.md's `glob(*, exclude=[...])` sweep, "the encoder-decoder
     groups but Post-LN's": Hydra's glob over conf/group picks every group whose placements an
