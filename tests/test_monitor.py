@@ -35,6 +35,17 @@ def _tokens(*shape, seed=0):
     return torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
 
 
+def _train_lm(model, optimizer, monitor, batches, network=None):
+    """A plain language-model loop over `batches` of token ids, the monitor stepped after each
+    optimiser step; `network`: the model to call where `model` holds it."""
+    for tokens in batches:
+        loss = (network or model)(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step(loss)
+
+
 def _hf_sublayer_grads(model):
     """By hand: the gradient norm of each residual sublayer (its norm and branch) and the total."""
     base = model.base_model
@@ -93,12 +104,7 @@ def test_a_hugging_face_decoder_in_a_plain_loop(build, tmp_path, logit_recorder)
         return {"eval_loss": out.loss.item(), "eval_acc": acc}
     monitor = Monitor(model, probe, tmp_path / "run", optimizer=optimizer, probes=("layers", "weights"),
                       evaluate=evaluate, eval_every=25, steps=50, describe={"group": "hf", "seed": 0})
-    for step in range(1, 51):
-        out = model(input_ids=data[step - 1], labels=data[step - 1])
-        out.loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        monitor.step(out.loss)
+    _train_lm(model, optimizer, monitor, data)
     assert monitor.close()["status"] == "completed"
 
     metrics = pd.read_csv(tmp_path / "run" / "metrics.csv").set_index("step")
@@ -148,12 +154,7 @@ def test_stabexp_report_and_the_api_read_a_monitored_folder(tmp_path, capsys):
     monitor = Monitor(model, probe, tmp_path / "sweep" / "gpt2", optimizer=optimizer, steps=4, eval_every=2,
                       evaluate=lambda m: {"eval_loss": m(input_ids=held_out, labels=held_out).loss.item()},
                       describe={"group": "gpt2_from_config", "seed": 0, "task": "random tokens"})
-    for step in range(4):
-        loss = model(input_ids=_tokens(4, T, seed=10 + step), labels=_tokens(4, T, seed=10 + step)).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        monitor.step(loss)
+    _train_lm(model, optimizer, monitor, [_tokens(4, T, seed=10 + step) for step in range(4)])
     summary = monitor.close()
     assert report([str(tmp_path / "sweep")]) == 0
     out = capsys.readouterr().out
@@ -410,12 +411,7 @@ def test_the_monitor_logs_to_the_trackers_what_it_writes(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     folder = tmp_path / "sweep" / "gpt2"
     monitor = Monitor(model, probe, folder, optimizer=optimizer, logger="tensorboard", steps=5)
-    for step in range(5):
-        loss = model(input_ids=_tokens(4, T, seed=step), labels=_tokens(4, T, seed=step)).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        monitor.step(loss)
+    _train_lm(model, optimizer, monitor, [_tokens(4, T, seed=step) for step in range(5)])
     monitor.close()
     acc = events(folder / "tensorboard" / "gpt2")
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["gpt2"]
@@ -493,12 +489,7 @@ def test_a_module_holding_its_network_as_an_attribute_is_monitored_through_it(tm
         network = module.model if name == "holder" else module
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
         monitor = Monitor(module, probe, tmp_path / name, optimizer=optimizer)
-        for step in range(1, 6):
-            out = network(input_ids=data[step - 1], labels=data[step - 1])
-            out.loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            monitor.step(out.loss)
+        _train_lm(module, optimizer, monitor, data, network)
         monitor.close()
         written[name] = pd.read_csv(tmp_path / name / "layers.csv")
     columns = ["step", "layer", "sublayer", "grad_norm", "ln_input_norm", "max_attn_logit"]
@@ -513,12 +504,7 @@ def test_the_report_of_a_folder_monitored_without_evaluate_says_so(tmp_path, cap
     model, probe = _gpt2(2), {"input_ids": _tokens(2, T, seed=1)}
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     monitor = Monitor(model, probe, tmp_path / "sweep" / "gpt2", optimizer=optimizer, steps=2)
-    for step in range(2):
-        loss = model(input_ids=_tokens(2, T, seed=step), labels=_tokens(2, T, seed=step)).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        monitor.step(loss)
+    _train_lm(model, optimizer, monitor, [_tokens(2, T, seed=step) for step in range(2)])
     monitor.close()
     capsys.readouterr()
     assert report([str(tmp_path / "sweep")]) == 0
