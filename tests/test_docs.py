@@ -240,6 +240,16 @@ def _page_modules(page: Path) -> dict:
     return found
 
 
+def test_the_figures_table_of_presets_md_is_the_registry_s():
+    """docs/presets.md's table of figures is FIGURES (stabexp/plotting/table.py) to the
+    character: `python scripts/make_plots.py --markdown` prints it."""
+    from stabexp.plotting.table import markdown
+
+    page = (ROOT / "docs" / "presets.md").read_text()
+    shown = page.split("<!-- figures: begin -->\n")[1].split("\n<!-- figures: end -->")[0]
+    assert shown == markdown(ROOT / "docs" / "figures"), "docs/presets.md: paste python scripts/make_plots.py --markdown"
+
+
 @pytest.mark.parametrize("overrides, check", [
     (["group=preln", "group.residual=mylab_norms.PeriLN"], lambda s: s["constants"]["residual"] == "mylab_norms.PeriLN"),
     (["group.init=mylab_init.small_embeddings"], lambda s: s["constants"]["small_embeddings"] == {"factor": 0.5}),

@@ -261,21 +261,58 @@ def test_a_probe_the_model_cannot_give_is_refused_in_one_line(tmp_path):
         Monitor(_gpt2(1), {"input_ids": _tokens(1, 4)}, tmp_path, probes=("gradnorm",))
 
 
+def test_grad_norm_is_before_the_loop_s_clipping_summed_over_micro_batches(tmp_path):
+    """A loop that accumulates two micro-batches and clips to 0.01 before its optimiser step:
+    grad_norm is the accumulated gradient's, before clipping, with the optimiser's pre-hook and
+    with before_step called after the clipping alike."""
+    for hooked in (True, False):
+        model = _gpt2(2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        monitor = Monitor(model, {"input_ids": _tokens(4, T, seed=1)}, tmp_path / str(hooked),
+                          optimizer=optimizer if hooked else None, every=2, first_steps=1, steps=4)
+        by_hand = {}
+        for step in range(1, 5):
+            for half in _tokens(2, 4, T, seed=step):
+                (model(input_ids=half, labels=half).loss / 2).backward()
+            by_hand[step] = _hf_sublayer_grads(model)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            if not hooked:
+                monitor.before_step()
+            optimizer.step()
+            optimizer.zero_grad()
+            monitor.step()
+        monitor.close()
+        metrics = pd.read_csv(tmp_path / str(hooked) / "metrics.csv").set_index("step")
+        layers = pd.read_csv(tmp_path / str(hooked) / "layers.csv")
+        assert metrics.index.tolist() == [0, 1, 2, 4]
+        for step in (1, 2, 4):
+            per, total = by_hand[step]
+            assert total > 0.1  # well above what the clipping leaves
+            assert metrics.grad_norm[step] == pytest.approx(total, rel=1e-5)
+            assert layers[layers.step == step].grad_norm.tolist() == pytest.approx(per, rel=1e-5)
+
+
 def test_the_hugging_face_trainer_callback(tmp_path):
-    """The same probes from a Trainer: 50 steps of a 4-layer GPT-2; the gradient norms those the
-    optimiser steps with (after the Trainer's clipping, max_grad_norm), by hand in a callback
-    of the same moment; `stabexp report` reads the folder."""
+    """The same probes from a Trainer: 50 steps of a 4-layer GPT-2 whose gradients the
+    Trainer clips (max_grad_norm 1). The gradient norms are those before clipping: the total
+    is the grad_norm the Trainer logs, and each sublayer's the one the optimiser steps with
+    (by hand in a callback of the same moment) scaled back by the clipping's one factor;
+    `stabexp report` reads the folder."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from stabexp.monitor import HFTrainerMonitor
     from stabexp.report import main as report
 
     model, data = _gpt2(4), _tokens(400, T)
-    by_hand = {}
+    by_hand, logged = {}, {}
 
     class ByHand(TrainerCallback):
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             by_hand[state.global_step + 1] = _hf_sublayer_grads(model)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if "grad_norm" in (logs or {}):
+                logged[state.global_step] = logs["grad_norm"]
 
     class Tokens(torch.utils.data.Dataset):
         def __len__(self):
@@ -286,7 +323,7 @@ def test_the_hugging_face_trainer_callback(tmp_path):
 
     args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=50, per_device_train_batch_size=8,
                              learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
-                             logging_strategy="no")
+                             logging_strategy="steps", logging_steps=1, max_grad_norm=1.0)
     monitor = HFTrainerMonitor({"input_ids": _tokens(4, T, seed=1)}, tmp_path / "sweep" / "gpt2",
                                describe={"group": "gpt2_trainer", "seed": 0})
     Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[monitor, ByHand()]).train()
@@ -294,10 +331,13 @@ def test_the_hugging_face_trainer_callback(tmp_path):
     layers = pd.read_csv(tmp_path / "sweep" / "gpt2" / "layers.csv")
     assert metrics.index.tolist() == list(range(21)) + [30, 40, 50]
     assert metrics.loss.loc[1:].notna().all() and metrics.model_update.loc[1:].gt(0).all()
-    for step in (1, 20, 50):
-        per, total = by_hand[step]
-        assert layers[layers.step == step].grad_norm.tolist() == pytest.approx(per, rel=1e-5)
-        assert metrics.grad_norm[step] == pytest.approx(total, rel=1e-5)
+    clipped = [step for step in (1, 2, 3, 20, 50) if logged[step] > 1.0]
+    assert clipped, logged  # the clipping acted on a step compared here
+    for step in (1, 2, 3, 20, 50):
+        per, total = by_hand[step]  # as the optimiser steps with them: clipped where above 1
+        assert metrics.grad_norm[step] == pytest.approx(logged[step], rel=1e-5)
+        unclip = logged[step] / total
+        assert layers[layers.step == step].grad_norm.tolist() == pytest.approx([g * unclip for g in per], rel=1e-4)
     assert report([str(tmp_path / "sweep")]) == 0
 
 

@@ -36,6 +36,27 @@ def test_collector_reads_runs_that_no_preset_made(make_cfg, tmp_path):
     assert closing.count("deepnet_early,") == 1 and "lr_sensitivity" in closing
 
 
+def test_an_unknown_figure_or_a_cells_table_for_another_is_one_line(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_plots.py"
+    env = dict(os.environ, STABEXP_OUTPUTS=str(tmp_path))
+    for args, says in ((["nosuch"], "no figure nosuch: choose one of model_update, "),
+                       (["smd", "--cells", "docs/data/deepnet_cells.csv"], "--cells draws the figures drawn from cells")):
+        result = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True,
+                                cwd=script.parents[1])
+        assert result.returncode == 2 and says in result.stderr.splitlines()[-1], result.stderr
+    assert not any(tmp_path.iterdir())  # nothing collected, nothing drawn
+
+
+def test_a_figure_drawn_from_the_committed_cells(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_plots.py"
+    env = dict(os.environ, STABEXP_OUTPUTS=str(tmp_path))
+    result = subprocess.run([sys.executable, str(script), "deepnet_bleu_depth", "--cells", "docs/data/deepnet_cells.csv"],
+                            env=env, capture_output=True, text=True, cwd=script.parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"wrote {tmp_path / 'figures' / 'deepnet_bleu_depth'}.png and .pdf (")
+    assert "cells of multi30k_table in docs/data/deepnet_cells.csv" in result.stdout
+
+
 def test_labels_tell_runs_apart():
     runs = pd.DataFrame({"run": ["s1/group=postln__train.lr=0.1", "s1/group=postln__train.lr=0.2",
                                  "s2/group=postln__train.lr=0.2", "s1/group=admin"],

@@ -2,8 +2,6 @@
 table, every figure script, and the report's fits."""
 
 import os
-import runpy
-from concurrent.futures import ThreadPoolExecutor
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +16,10 @@ from stabexp.compose import compose
 from stabexp.config import validate
 from stabexp.paths import conf_dir
 from stabexp.plotting.collect import RUN_COLUMNS
+from stabexp.plotting.table import FIGURES, draw
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
-FIGURES = sorted(p.stem[len("fig_"):] for p in (ROOT / "scripts").glob("fig_*.py"))
 # Fewer steps than scale=quick itself, to keep the suite fast; the at-init presets train 0 steps.
 SHORT = ["train.steps=12", "probe.first_steps=4", "probe.every=4", "train.eval_every=6"]
 # Narrower than their quick sweeps, the two largest (51 and 72 jobs), to keep the suite fast:
@@ -51,14 +49,21 @@ def quick_outputs(tmp_path_factory, corpus_dir):
             extra += [o for o in translation_overrides(corpus_dir) if not o.startswith("task=")]
         commands[preset] = ["run", f"experiment={preset}", "scale=quick", *extra]
 
-    def run(preset):
-        return preset, run_cli(outputs, *commands[preset])
+    # Through the CLI's own entry (stabexp.cli.main), in this process and one job after another
+    # (hydra/launcher=basic): a new interpreter per preset and a process per packed job would cost
+    # more than the jobs themselves. The packed launcher has its own tests (test_sweeps.py).
+    from stabexp.cli import main
 
-    # Two presets at a time, each packing its jobs onto the cores: a preset's start (an
-    # interpreter, torch, Hydra's composes) and end run on one core, which the other one uses.
-    with ThreadPoolExecutor(2) as pool:
-        for preset, result in pool.map(run, PRESETS):
-            assert result.returncode == 0, (preset, result.stderr[-2000:])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STABEXP_OUTPUTS", str(outputs))
+        patch.chdir(outputs.parent)
+        for preset in PRESETS:
+            patch.setattr(sys, "argv", ["stabexp"])  # `stabexp run` hands its arguments to Hydra there
+            try:
+                code = main([*commands[preset], "hydra/launcher=basic"])
+            except SystemExit as exit:
+                code = exit.code
+            assert code in (0, None), preset
     env = dict(os.environ, STABEXP_OUTPUTS=str(outputs))
     plots = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_plots.py")], env=env,
                            capture_output=True, text=True)
@@ -225,7 +230,7 @@ def test_report_prints_the_fits(quick_outputs):
     assert f"| preln | BLEU {bleu:.2f} (loss " in table and "Cells: test BLEU (sacreBLEU nrefs:1|" in table
 
 
-def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs, capsys):
+def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs):
     # Only the deepnet_early runs: its three figures are drawn, the others name their preset.
     runs = pd.read_csv(quick_outputs.outputs / "collected" / "runs.csv")
     (tmp_path / "collected").mkdir()
@@ -233,14 +238,17 @@ def test_a_figure_without_its_preset_is_skipped_by_name(tmp_path, quick_outputs,
         table = pd.read_csv(quick_outputs.outputs / "collected" / f"{name}.csv")
         table[table.run.isin(runs[runs.experiment == "deepnet_early"].run)].to_csv(
             tmp_path / "collected" / f"{name}.csv", index=False)
-    for name in FIGURES:  # each script's main, as `python scripts/fig_NAME.py DIR` calls it
-        capsys.readouterr()
-        assert runpy.run_path(str(ROOT / "scripts" / f"fig_{name}.py"))["main"]([str(tmp_path)]) == 0
-        out = capsys.readouterr().out
-        if name in ("model_update", "ln_input_norm", "grad_norm_by_layer"):
-            assert out.startswith("wrote")
+    for name, figure in FIGURES.items():
+        line = draw(figure, tmp_path).line
+        if figure.preset == "deepnet_early":
+            assert line.startswith("wrote")
         else:
-            assert out.startswith(f"skipped {name}: ") and "stabexp run experiment=" in out
+            assert line.startswith(f"skipped {name}: ") and f"stabexp run experiment={figure.preset}" in line
+    # The command line draws the figures it names, a line each.
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_plots.py"), "model_update", "smd",
+                             "--outputs", str(quick_outputs.outputs)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert [line.split(" ")[0] for line in result.stdout.splitlines()] == ["collected", "wrote", "wrote"]
 
 
 def test_report_gives_the_layer_importance_and_the_stream_growth(quick_outputs):

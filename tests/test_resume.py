@@ -139,6 +139,26 @@ def test_a_failed_run_resumes_from_its_last_checkpoint(make_cfg, tmp_path, monke
     assert_same_files(tmp_path / "run", tmp_path / "reference")
 
 
+def test_a_run_resumed_in_a_process_of_other_threads_goes_on_at_its_own(make_cfg, tmp_path, monkeypatch):
+    """Stopped at 1 thread and resumed where the launcher gives 2 (a sweep of another size): the
+    run goes on at the 1 it started with, and its files are the uninterrupted run's."""
+    import torch
+
+    cfg = make_cfg("group=postln", "train.checkpoint_every=2", "train.steps=12", "model.d_model=32")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        trainer.train(cfg, tmp_path / "reference")
+        fail_at_step(monkeypatch, cfg, tmp_path / "run", 5)
+        torch.set_num_threads(2)
+        summary = trainer.train(cfg, tmp_path / "run")
+        assert torch.get_num_threads() == 1 and summary["threads"] == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert summary["resumed_from"] == [4]
+    assert_same_files(tmp_path / "run", tmp_path / "reference")
+
+
 def test_one_process_per_run_folder_and_a_dead_holders_lock_is_taken_over(tmp_path):
     held = RunLock(tmp_path).acquire()
     with pytest.raises(RunLocked, match=f"pid {os.getpid()}"):

@@ -12,9 +12,11 @@ each weight matrix's norm and angular update, written as a `stabexp run` writes 
         monitor.step(loss)
     monitor.close()
 
-With `optimizer=`, the gradients are read in the optimiser's step pre-hook (those it steps
-with, after any clipping of the loop's); without it, call `monitor.before_step()` between the
-backward pass and the optimiser step.
+With `optimizer=`, the gradients are read in the optimiser's step pre-hook; without it, call
+`monitor.before_step()` between the backward pass and the optimiser step. Either way
+`grad_norm` is the gradient as the backward pass left it (summed over accumulated
+micro-batches), before any clipping of the loop's: at the steps to probe, a hook on each
+parameter keeps its gradient's norm as the backward pass accumulates it.
 
 A monitor takes its folder as `stabexp run` takes a run folder: it holds the folder's lock
 (run.lock) until it closes, so a second monitor or a run cannot write into it meanwhile, and it
@@ -41,6 +43,7 @@ from stabexp.data import Task
 from stabexp.errors import ConfigError
 from stabexp.probes.adapters import Adapter, StabexpAdapter, adapter_for
 from stabexp.probes.base import PROBE_BATCH, REFERENCE, STABEXP_MODEL, SUBLAYERS, ProbeContext, ProbeSet
+from stabexp.probes.layers import SublayerStats
 from stabexp.tracking import Trackers
 from stabexp.train.files import SUMMARY, RunLock, RunLocked, write_json
 from stabexp.train.folder import RUN_FILES, clear
@@ -193,6 +196,12 @@ class Monitor:
         was_training = model.training
         self._write(0, None, None, self.probes.start())
         model.train(was_training)
+        # grad_norm is the gradient as the backward pass left it, before any clipping of the
+        # loop's, as `stabexp run` reads it: kept by hooks, at the steps to probe only.
+        self.gradient_watch = [p.layer_probe for p in self.probes if isinstance(p, SublayerStats)]
+        for watch in self.gradient_watch:
+            watch.watch_gradients()
+        self._arm(1)
         # A framework that steps through a closure (Lightning) runs the backward pass inside
         # optimizer.step, after its pre-hook: its callback calls before_step itself.
         self.handle = optimizer.register_step_pre_hook(lambda opt, args, kwargs: self.before_step()) \
@@ -235,9 +244,15 @@ class Monitor:
         self.last_loss = loss if loss is not None else self.last_loss
         self.before_done = False
         probing = self.is_probe_step(step)
+        self._arm(step + 1)
         if not self.probes.due(step, probing) and not self.is_eval_step(step):
             return None
         return self._write(step, self.lr, loss, self.probes.measure(step, probing))
+
+    def _arm(self, step: int) -> None:
+        """Keep the gradients of the backward passes of `step` where it is a step to probe."""
+        for watch in self.gradient_watch:
+            watch.arm(self.is_probe_step(step))
 
     def _write(self, step: int, lr, loss, rows) -> Dict:
         row = {"step": step, "lr": lr, "loss": loss}
@@ -268,6 +283,8 @@ class Monitor:
     def _finish(self, status: str) -> Dict:
         if self.handle is not None:
             self.handle.remove()
+        for watch in self.gradient_watch:
+            watch.unwatch_gradients()
         if status == "completed" and self.steps_done > 0:
             self.recorder.write_files(self.probes.at_end(self.steps_done))
         wall = time.perf_counter() - self.start
@@ -347,8 +364,9 @@ def _hf_callback_base():
 
 class HFTrainerMonitor(_hf_callback_base()):
     """A Monitor as a Hugging Face Trainer callback: built when training begins (on the
-    Trainer's model and optimiser), the gradients read in `on_pre_optimizer_step` (after the
-    Trainer's gradient clipping, which runs before it), a step written at each step's end with
+    Trainer's model and optimiser), the gradients read in `on_pre_optimizer_step` as the
+    backward passes left them (the Trainer has clipped them by then: the monitor's hooks kept
+    their norms before; `grad_norm` equals the Trainer's logged one), a step written at each step's end with
     the loss of its last forward pass (the model's output `loss`); closed at the end. Arguments:
     those of Monitor but the model and optimiser."""
 

@@ -126,6 +126,9 @@ class LayerProbe:
         self.matrices = [(i, p) for p, i in zip(self.params, owner) if p.dim() >= 2 and i < len(self.keys)]
         self.matrix_owner = torch.tensor([i for i, _ in self.matrices], dtype=torch.long, device=self.owner.device)
         self.previous: Optional[List[torch.Tensor]] = None  # theta_{i-1}, taken by `snapshot`
+        # Each parameter's squared gradient norm as backward left it (`watch_gradients`).
+        self.captured: Optional[torch.Tensor] = None
+        self.armed = self.caught = False
 
     def _bucket_sums(self, tensors: List[torch.Tensor], owner: torch.Tensor, buckets: int) -> torch.Tensor:
         """Squared norms of `tensors`, from one _foreach_norm, summed per bucket (owner[k] is
@@ -158,10 +161,45 @@ class LayerProbe:
         sums = self._bucket_sums(self.previous + current, owner, 2 * n)
         return (sums[:n] / sums[n:]).sqrt()
 
+    def watch_gradients(self) -> None:
+        """Read the gradients where the backward pass leaves them, before a training loop's
+        clipping rescales them: while `armed`, a post-accumulate-grad hook on each parameter
+        keeps its squared gradient norm (over accumulated micro-batches the last backward's,
+        the sum of theirs), and `grad_norms` reads those. For loops whose clipping runs before
+        any moment a callback is given (the Hugging Face Trainer's on_pre_optimizer_step comes
+        after it); arm only the steps to probe, so that the others pay nothing."""
+        self.captured = torch.zeros(len(self.params), device=self.owner.device)
+        self.watching = [p.register_post_accumulate_grad_hook(lambda param, k=k: self._capture(k, param))
+                         for k, p in enumerate(self.params) if p.requires_grad]
+
+    def unwatch_gradients(self) -> None:
+        for handle in getattr(self, "watching", ()):
+            handle.remove()
+        self.captured, self.watching, self.armed, self.caught = None, [], False, False
+
+    @torch.no_grad()
+    def _capture(self, k: int, param: torch.Tensor) -> None:
+        if self.armed:
+            self.captured[k] = torch.linalg.vector_norm(local(param.grad)).float() ** 2
+            self.caught = True
+
+    def arm(self, on: bool) -> None:
+        """Keep (True) or not the gradients of the backward passes to come; either way those
+        kept before are forgotten."""
+        if self.captured is not None:
+            if on:
+                self.captured.zero_()
+            self.armed, self.caught = on, False
+
     def grad_norms(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(total gradient norm of the model, gradient norm per sublayer), from one
-        torch._foreach_norm over all gradients; NaN before any backward pass."""
+        torch._foreach_norm over all gradients, or those `watch_gradients` kept; NaN before
+        any backward pass."""
         n = len(self.keys)
+        if self.caught:
+            sums = torch.zeros(n + 1, device=self.captured.device).index_add_(0, self.owner, self.captured)
+            sums = self.reduce(sums) if self.reduce is not None else sums
+            return sums.sum().sqrt(), sums[:n].sqrt()
         if all(p.grad is None for p in self.params):
             nan = torch.full((), float("nan"), device=self.owner.device)
             return nan, torch.full((n,), float("nan"), device=self.owner.device)

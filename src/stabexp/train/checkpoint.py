@@ -1,7 +1,8 @@
 """A run's checkpoint: everything a resumed run needs to continue as if it had never stopped.
 
 Written at the end of a step (every train.checkpoint_every steps, and when the process is asked
-to stop: SIGTERM, SIGINT, SIGUSR1), atomically, to run_folder/checkpoint.pt. It holds the model,
+to stop: SIGTERM, SIGINT, SIGUSR1; the StepHook `Checkpoints` below), atomically, to
+run_folder/checkpoint.pt. It holds the model,
 the optimiser, the lr schedule, every random stream (torch's global generator, which drives
 dropout; the task's data streams; CUDA's generators), the probes' state (F(x, theta_0), the
 weight snapshots, which weights are scale-invariant), the run's counters and results so far,
@@ -45,6 +46,7 @@ from stabexp.errors import ConfigError
 from stabexp.atomic import remove_partials, sync_folder, write_atomic
 from stabexp.train import folder
 from stabexp.train.files import MODEL
+from stabexp.train.hooks import StepHook
 
 CHECKPOINT = "checkpoint.pt"
 SHARDED = "checkpoint"  # K processes: a folder (model_and_optim/ by DCP, state.pt)
@@ -69,6 +71,29 @@ def config_text(cfg: DictConfig) -> str:
     """The config a checkpoint belongs to; `overwrite` says what to do with a folder, and
     `logger` where a run is watched, not what runs in it (a tracker may join on resume)."""
     return OmegaConf.to_yaml(OmegaConf.create(resolved(cfg, leave_out=("overwrite", "logger"))))
+
+
+class Checkpoints(StepHook):
+    """When a run writes its checkpoint (Run.save_checkpoint), a StepHook on in every run: after
+    every train.checkpoint_every-th step but the last (Cadence.is_checkpoint_step; a finished run
+    needs none), and when the process is asked to stop (stabexp.train.stop), after the divergence
+    check has read the losses left (a run that diverged ends as diverged, with no checkpoint)."""
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return True
+
+    @classmethod
+    def from_config(cls, model, cfg) -> "Checkpoints":
+        return cls()
+
+    def after_step(self, run, step: int) -> None:
+        if run.cadence.is_checkpoint_step(step):
+            run.save_checkpoint()
+
+    def on_stop_request(self, run) -> bool:
+        run.save_checkpoint()
+        return False
 
 
 def save(out_dir: Path, state: Dict, model=None, optimizer=None) -> None:

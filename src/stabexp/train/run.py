@@ -1,20 +1,22 @@
-"""A run's live state and its one step: model, optimiser, lr schedule, probes and open files.
+"""A run's live state and its one step: model, optimiser, lr schedule, probes, hooks and open files.
 
 train/trainer.py drives a Run through its steps; the benchmark (bench.py) times `Run.step`
-itself, so both measure the same code path. A Run is built new (the model initialised, step 0
-recorded) or from a checkpoint (train/checkpoint.py), which it continues bit for bit. What it is
-built from: train/build.py; what its probes measure: stabexp.probes (each a Probe, called at
-its moments by a ProbeSet); how their rows reach the files: train/recording.py.
+itself, so both measure the same code path. `Run.step` is the loop of one step and nothing
+else: what acts on the run from outside it (the divergence check, QK-Clip, the checkpoints)
+is a StepHook (train/hooks.py), called at its moments. A Run is built new (the model
+initialised, step 0 recorded) or from a checkpoint (train/checkpoint.py), which it continues
+bit for bit. What it is built from: train/build.py; what its probes measure: stabexp.probes
+(each a Probe, called at its moments by a ProbeSet); how their rows reach the files:
+train/recording.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -24,7 +26,10 @@ from stabexp.data import Task
 from stabexp.probes.base import Rows
 from stabexp.train import checkpoint
 from stabexp.train.build import Cadence, describe, device_of, lr_schedule, model_for, probes_for
+from stabexp.train.checkpoint import Checkpoints
+from stabexp.train.divergence import DivergenceCheck
 from stabexp.train.files import SUMMARY, write_json
+from stabexp.train.hooks import by_moment
 from stabexp.train.losses import training_loss
 from stabexp.train.optim import build_optimizer, clip_gradients
 from stabexp.train.qk_clip import QKClip
@@ -33,8 +38,10 @@ from stabexp.tracking import Trackers
 
 log = logging.getLogger("stabexp")
 
-# What may steer a step (train/hooks.py), each on when its config turns it on.
-STEP_HOOKS = (QKClip,)
+# What acts on a run from outside the loop (train/hooks.py), each on when its config turns it
+# on, called at each moment in this order: the divergence check first, so that nothing acts on
+# a step it ends, and before the checkpoint written on a request to stop.
+STEP_HOOKS = (DivergenceCheck, QKClip, Checkpoints)
 
 
 class Run:
@@ -47,9 +54,10 @@ class Run:
         # A resumed run's clock continues where the checkpoint left it (elapsed_s).
         self.start = start - (state["elapsed"] if state else 0.0)
         t = cfg.train
-        if t.threads:
-            torch.set_num_threads(t.threads)
         self.device, self.world = device_of(t.device), distributed.world()
+        threads = t.threads or (self._threads_started_with(summary) if state else 0)
+        if threads:
+            torch.set_num_threads(threads)
         # Every rank alike: the same init and the same global batches (stabexp.distributed).
         torch.manual_seed(cfg.seed)
         probe_src, probe_tgt_in, _ = task.probe_batch()
@@ -65,8 +73,10 @@ class Run:
         if t.compile:
             self.train_model = torch.compile(self.train_model)
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16")
-        # What steers the step (train/hooks.py): only those the config turns on.
+        # What acts on the run (train/hooks.py): only those the config turns on, and at each
+        # moment only those that act there.
         self.hooks = [hook.from_config(model, cfg) for hook in STEP_HOOKS if hook.enabled(cfg)]
+        self.at = by_moment(self.hooks)
         self.opt = build_optimizer(cfg, model, self.device)  # after wrapping: FSDP2 swaps in shards
         self.sched = lr_schedule(cfg, self.opt)
         self.lr = self.sched.get_last_lr()[0]  # of the step just taken: the probes' ctx.lr()
@@ -74,19 +84,27 @@ class Run:
         if state is None:
             write_json(self.out_dir / SUMMARY, summary)  # status "running": visible while it trains
         self.cadence = Cadence(cfg, self.device)
-        self.pending: List[Tuple[int, float, torch.Tensor]] = []  # (step, lr, loss) not read yet
         self.progress = Progress(cfg, show_progress and distributed.is_rank0())
         if state is None:
             self._begin()
         else:
             self._restore(state)
 
+    def _threads_started_with(self, summary: Dict) -> int:
+        """A resumed run on the CPU goes on at the torch threads it started with, whatever its
+        launcher gives this process (a sweep of another size packs at other threads): the order
+        a sum is split over threads moves the last digits, so another count would make its
+        numbers differ from an uninterrupted run's. train.threads, where set, decides instead."""
+        started = summary.get("threads")
+        if self.device.type != "cpu" or not started or started == torch.get_num_threads():
+            return 0
+        log.info("resumed at the %d thread(s) it started with (this process had %d)", started,
+                 torch.get_num_threads())
+        return int(started)
+
     def _begin(self) -> None:
         """A new run: its files, the probes at init, and the step-0 rows."""
         self.trackers.start(self.summary)  # the config and the init rule's constants
-        # Exploding = above explode_factor times the larger of the chance loss and the first
-        # loss (the first loss can sit far above chance: tied embeddings, strong identity path).
-        self.explode_at = float("inf")
         self.recorder = Recorder.for_probes(self.out_dir, self.probes, self.task.eval_columns, self.trackers)
         self.steps_done = 0
         self.result = {"status": "completed", "diverged_at_step": None, "first_loss": None,
@@ -107,10 +125,13 @@ class Run:
         # K processes: the model and optimiser go through DCP (checkpoint.save), not this dict.
         tensors = ({"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
                    if not distributed.active() else {})
+        # The hooks' state (the divergence check's explode_at) among the run's own keys, where
+        # it has always stood: older checkpoints resume as they are.
+        hooks = {key: value for hook in self.hooks for key, value in hook.state_dict().items()}
         return {"config": checkpoint.config_text(self.cfg), "step": self.steps_done, **tensors,
                 "schedule": self.sched.state_dict(), "rng": checkpoint.rng_state(),
                 "task": self.task.state_dict(), "probes": self.probes.state_dict(), "result": dict(self.result),
-                "explode_at": self.explode_at, "summary": self.summary, "trackers": self.trackers.state(),
+                **hooks, "summary": self.summary, "trackers": self.trackers.state(),
                 "elapsed": time.perf_counter() - self.start, "csv": self.recorder.positions()}
 
     def _restore(self, state: Dict) -> None:
@@ -120,7 +141,9 @@ class Run:
             checkpoint.load_model_and_optimizer(state, self.model, self.opt, self.probes.state_dict())
         self.sched.load_state_dict(state["schedule"])
         self.probes.load_state_dict(state["probes"])
-        self.result, self.explode_at = dict(state["result"]), state["explode_at"]
+        self.result = dict(state["result"])
+        for hook in self.hooks:
+            hook.load_state_dict(state)
         self.steps_done = state["step"]
         # Rows written after the checkpoint are cut: the resumed run writes them again.
         self.recorder = Recorder.for_probes(self.out_dir, self.probes, self.task.eval_columns, self.trackers, state)
@@ -139,10 +162,11 @@ class Run:
     # --- the step ------------------------------------------------------------------------------
 
     def step(self, step: int) -> bool:
-        """Optimiser step number `step` (1-based), probing if due; False when it diverged."""
+        """Optimiser step number `step` (1-based), probing if due; False when a hook ended the
+        run at it (the divergence check: the step is not applied)."""
         t, cadence, model = self.cfg.train, self.cadence, self.model
         with self.autocast, ExitStack() as around:
-            for hook in self.hooks:
+            for hook in self.at["around_forward"]:
                 around.enter_context(hook.around_forward())
             loss = training_loss(self.train_model, self.task, self.task.train_batch(), t.z_loss, self.world)
         self.opt.zero_grad(set_to_none=True)
@@ -150,15 +174,15 @@ class Run:
         # part of the mean gives the gradient of the mean (stabexp.distributed).
         (loss if self.world == 1 else loss * self.world).backward()
         lr = self.sched.get_last_lr()[0]
-        self.pending.append((step, lr, loss.detach()))
-        if cadence.must_sync(step) and self.diverged():
-            return False
+        for hook in self.at["after_backward"]:
+            if hook.after_backward(self, step, loss):
+                return False
         probing = cadence.is_probe_step(step)
         self.probes.before_step(step, probing)  # this step's gradients, before clipping
         if t.clip_norm > 0:
             clip_gradients(model, t.clip_norm, distributed.is_sharded(model))
         self.opt.step()
-        for hook in self.hooks:
+        for hook in self.at["after_optimizer_step"]:
             hook.after_optimizer_step()
         self.sched.step()
         self.steps_done, self.lr = step, lr
@@ -167,9 +191,29 @@ class Run:
             with distributed.layer_by_layer(model):
                 rows = self.probes.measure(step, probing)
             row = self._record(step, lr, self.result["last_loss"], rows)
-        self.progress.update(step, self.result["last_loss"] if not self.pending else None,
+        # The loss shown is this step's where the host has read it (the divergence check reads
+        # at Cadence.must_sync), none elsewhere.
+        self.progress.update(step, self.result["last_loss"] if cadence.must_sync(step) else None,
                              row.get("model_update") if row else None)
         return True
+
+    # --- between steps: the hooks' moments that the loop (train/trainer.py) calls ----------------
+
+    def after_step(self, step: int) -> None:
+        """Step `step` is whole and no stop was asked for: the periodic checkpoint."""
+        for hook in self.at["after_step"]:
+            hook.after_step(self, step)
+
+    def on_stop_request(self) -> bool:
+        """The process was asked to stop after the step just taken: the losses not read yet are
+        read, then the checkpoint written. True when a hook ended the run there instead (it
+        diverged: no checkpoint)."""
+        return any(hook.on_stop_request(self) for hook in self.at["on_stop_request"])
+
+    def at_end(self) -> None:
+        """The loop is over: the losses not read yet are read (a divergence among them is recorded)."""
+        for hook in self.at["at_end"]:
+            hook.at_end(self)
 
     def _record(self, step: int, lr: Optional[float], loss: Optional[float], rows: Rows) -> Dict:
         """The rows of `step`: the probes' (measured on theta_step) and, at an eval step, the
@@ -184,32 +228,6 @@ class Run:
             self.task.summarise_eval(row, self.result)
         row["elapsed_s"] = time.perf_counter() - self.start
         return self.recorder.write(row, rows)
-
-    def diverged(self) -> bool:
-        """Read the losses of the steps since the last read (one host sync) and check them in
-        order: the first that is not finite or above the explosion threshold ends the run, with
-        its row; that step is not applied (steps after it, taken before the read, are void)."""
-        if not self.pending:
-            return False
-        steps, lrs, losses = zip(*self.pending)
-        self.pending = []
-        result = self.result
-        # K ranks: each holds its part of every step's loss; their sum (one collective) is the
-        # batch's loss, the same on every rank, so all of them stop at the same step.
-        for step, lr, loss_value in zip(steps, lrs, distributed.sum_(torch.stack(losses)).float().tolist()):
-            if result["first_loss"] is None:
-                result["first_loss"] = loss_value
-                if math.isfinite(loss_value):
-                    self.explode_at = self.cfg.train.explode_factor * max(self.task.chance_loss, loss_value)
-            result["last_loss"] = loss_value
-            if not math.isfinite(loss_value) or loss_value > self.explode_at:
-                result.update(status="diverged", diverged_at_step=step)
-                self.steps_done = step - 1
-                self.recorder.metrics.write([{"step": step, "lr": lr, "loss": loss_value,
-                                              "elapsed_s": time.perf_counter() - self.start}])
-                log.warning("diverged at step %d (loss %s)", step, loss_value)
-                return True
-        return False
 
     def write_final(self) -> None:
         """What a completed run keeps of its last weights: the probes' rows at the end (the

@@ -180,26 +180,26 @@ def run_steps(cfg: DictConfig, out_dir: Path, summary: Dict, start: float, task:
 
 
 def steps(run: Run, cfg: DictConfig, out_dir: Path, summary: Dict) -> None:
-    """The steps left, with a checkpoint every train.checkpoint_every steps and one when the
-    process is asked to stop (then RunStopped, once the signal is passed on)."""
+    """The steps left, and the hooks' moments between them (train/hooks.py): after each step
+    (a checkpoint every train.checkpoint_every steps), when the process is asked to stop (a
+    checkpoint, then RunStopped once the signal is passed on) and at the end."""
     with StopRequests() as stop:
         for step in range(run.steps_done + 1, cfg.train.steps + 1):
             if not run.step(step):
                 break
+            # Every rank stops after the same step: the signal any of them received (a collective).
             signum = distributed.agreed_signal(stop.received)
             if signum is not None:
-                if run.diverged():
+                if run.on_stop_request():  # it diverged before: a result, not a stop
                     break
-                run.save_checkpoint()
                 summary.update(status="interrupted", interrupted_by=signal.Signals(signum).name,
                                wall_seconds=time.perf_counter() - run.start)
                 write_json(Path(out_dir) / SUMMARY, summary)
                 log.warning("stopped by %s after step %d: checkpoint written, the same command resumes it",
                             signal.Signals(signum).name, step)
                 stop.pass_on(signum)
-            if run.cadence.is_checkpoint_step(step):
-                run.save_checkpoint()
-        run.diverged()
+            run.after_step(step)
+        run.at_end()
 
 
 def _finished(out_dir: Path, cfg: DictConfig):
