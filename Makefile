@@ -56,9 +56,10 @@ docs-figures:
 	cp outputs/figures/*.png docs/figures/
 
 # Two pytest workers (pytest-xdist), a test file per worker at a time (module fixtures run once),
+# the longest files first (tests/conftest.py, LONGEST_FIRST),
 # torch at one thread each: the tiny models gain nothing from a second thread, and two workers of
 # two threads on two cores slow each other down.
-PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+PYTEST = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # torchscale (Microsoft's DeepNet code) for tests/test_crosscheck.py, without its dependencies:
 # its timm pulls torchvision, and scripts/crosscheck_torchscale.py stands in for timm's drop_path.

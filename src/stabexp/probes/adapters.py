@@ -225,9 +225,12 @@ class TorchTransformerAdapter(Adapter):
 
 class HFDecoderAdapter(Adapter):
     """A Hugging Face transformers decoder-only model (built from a config or loaded): GPT-2
-    (`transformer.h[i]`: ln_1, attn, ln_2, mlp) and the Llama layout (`model.layers[i]`:
+    (`transformer.h[i]`: ln_1, attn, ln_2, mlp), GPT-NeoX (Pythia; `gpt_neox.layers[i]`:
+    input_layernorm, attention, post_attention_layernorm, mlp, the two branches in parallel or
+    in turn; q, k from query_key_value with the partial rotary embedding) and the Llama layout (`model.layers[i]`:
     input_layernorm, self_attn, post_attention_layernorm, mlp; q and k are q_proj, k_proj and
-    the rotary embedding, as in Mistral and Qwen2; one that normalises q and k is refused). Both are Pre-LN: the stream
+    the rotary embedding, as in Mistral and Qwen2; Qwen3's q_norm and k_norm on each head before
+    the rotation). Both are Pre-LN: the stream
     entering a sublayer is its norm's input. F(x, theta) is the last hidden state (after the
     final norm); the logits, the model's. The attention logits are recomputed from the
     sublayer's own input in the probe pass: GPT-2's q, k from c_attn (with its scale and
@@ -240,18 +243,22 @@ class HFDecoderAdapter(Adapter):
         base = getattr(model, "base_model", model)
         blocks = list(getattr(base, "h", None) or getattr(base, "layers", None) or [])
         layouts = {"gpt2": ("ln_1", "attn.c_attn", "ln_2", "mlp"),
-                   "llama": ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "post_attention_layernorm", "mlp")}
+                   "llama": ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "post_attention_layernorm", "mlp"),
+                   "gpt_neox": ("input_layernorm", "attention.query_key_value", "post_attention_layernorm", "mlp")}
         self.kind = next((kind for kind, parts in layouts.items() if blocks and all(
             _has(block, part) for block in blocks for part in parts)), None)
         self.blocks = blocks
         what = f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
         if self.kind is None:
-            raise TypeError(f"{what} is not laid out as GPT-2 ({', '.join(layouts['gpt2'])}) or Llama "
-                            f"({', '.join(layouts['llama'])}) in each layer: write a stabexp.probes.adapters.Adapter "
-                            "for it and pass adapter= (docs/probes.md, 'Adapters')")
-        if self.kind == "llama" and getattr(blocks[0].self_attn, "q_norm", None) is not None:
-            raise TypeError(f"{what} normalises q and k, which the attention logits here would leave out: write "
-                            "a stabexp.probes.adapters.Adapter for it and pass adapter= (docs/probes.md, 'Adapters')")
+            raise TypeError(f"{what} is not laid out as GPT-2 ({', '.join(layouts['gpt2'])}), Llama "
+                            f"({', '.join(layouts['llama'])}) or GPT-NeoX ({', '.join(layouts['gpt_neox'])}) in each "
+                            "layer: write a stabexp.probes.adapters.Adapter for it and pass adapter= (docs/probes.md, "
+                            "'Adapters')")
+        q_norm = getattr(blocks[0].self_attn, "q_norm", None) if self.kind == "llama" else None
+        if q_norm is not None and getattr(q_norm, "weight", torch.empty(0)).shape[-1:] != (blocks[0].self_attn.head_dim,):
+            raise TypeError(f"{what} normalises q and k otherwise than per head (Qwen3's), which the attention logits "
+                            "here would get wrong: write a stabexp.probes.adapters.Adapter for it and pass adapter= "
+                            "(docs/probes.md, 'Adapters')")
 
     def sublayers(self) -> List[Sublayer]:
         found = []
@@ -259,9 +266,13 @@ class HFDecoderAdapter(Adapter):
             if self.kind == "gpt2":
                 parts = [("self_attn", block.ln_1, block.attn, (block.attn.c_attn, "post", self._gpt2_logits(block.attn))),
                          ("ffn", block.ln_2, block.mlp, None)]
-            else:
+            elif self.kind == "llama":
                 parts = [("self_attn", block.input_layernorm, block.self_attn,
                           (block.self_attn, "pre_kwargs", self._llama_logits)),
+                         ("ffn", block.post_attention_layernorm, block.mlp, None)]
+            else:  # GPT-NeoX: parallel or not, each branch's norm takes the stream that enters it
+                parts = [("self_attn", block.input_layernorm, block.attention,
+                          (block.attention, "pre_kwargs", self._neox_logits)),
                          ("ffn", block.post_attention_layernorm, block.mlp, None)]
             for name, norm, branch, attention in parts:
                 found.append(Sublayer("decoder", i, name, [*norm.parameters(), *branch.parameters()], (norm, "pre"),
@@ -285,11 +296,24 @@ class HFDecoderAdapter(Adapter):
 
         hidden = args[0] if args else kwargs["hidden_states"]
         shape = (*hidden.shape[:-1], -1, attn.head_dim)
-        q = attn.q_proj(hidden).view(shape).transpose(1, 2)
-        k = attn.k_proj(hidden).view(shape).transpose(1, 2)
+        q, k = attn.q_proj(hidden).view(shape), attn.k_proj(hidden).view(shape)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3: q and k normalised per head, before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         cos, sin = kwargs["position_embeddings"]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        return max_attention_logit(q, k, True, scale=attn.scaling)
+
+    @staticmethod
+    def _neox_logits(attn, args, kwargs):
+        from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
+
+        hidden = args[0] if args else kwargs["hidden_states"]
+        qkv = attn.query_key_value(hidden).view(*hidden.shape[:-1], -1, 3 * attn.head_size).transpose(1, 2)
+        q, k, _ = qkv.chunk(3, dim=-1)
+        cos, sin = kwargs["position_embeddings"]
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # on the first rotary_ndims of each head
         return max_attention_logit(q, k, True, scale=attn.scaling)
 
     def probe_pass(self, batch):
