@@ -5,13 +5,14 @@ to know of a model, so that they run on stabexp's own models and on others alike
 An adapter lists the model's residual sublayers (`Sublayer`: its parameters, the module whose
 input or output is the residual stream entering it, the norm on that stream, a hook giving its
 attention logits) and runs the probe pass: the model in eval mode on the probe batch, returning
-F(x, theta), the final hidden state before the output projection, and the logits. Three come
+F(x, theta), the final hidden state before the output projection, and the logits. Four come
 with stabexp: `StabexpAdapter` (its own models, exact to the trainer's numbers),
-`TorchTransformerAdapter` (a model built on torch.nn.Transformer or its encoder / decoder) and
-`HFDecoderAdapter` (Hugging Face transformers' GPT-2 and Llama-style decoders). `adapter_for`
+`TorchTransformerAdapter` (a model built on torch.nn.Transformer or its encoder / decoder),
+`HFDecoderAdapter` (Hugging Face transformers' GPT-2, GPT-NeoX and Llama-style decoders) and
+`HFEncoderAdapter` (BERT-style encoders). `adapter_for`
 picks one; any other model is a subclass of `Adapter` with `sublayers` and `probe_pass`. The
-last two recompute each attention's logits from its inputs and leave no padded key out: their
-probe batch is unpadded (docs/probes.md).
+last three recompute each attention's logits from its inputs; the Hugging Face decoders' leave
+no padded key out: their probe batch is unpadded (docs/probes.md).
 """
 
 from __future__ import annotations
@@ -333,6 +334,76 @@ class HFDecoderAdapter(Adapter):
         return self._mask(batch)
 
 
+class HFEncoderAdapter(Adapter):
+    """A Hugging Face transformers encoder-only model laid out as BERT (BERT, RoBERTa and their
+    heads; `encoder.layer[i]`: attention.self (query, key, value), attention.output (dense,
+    LayerNorm), intermediate, output (dense, LayerNorm)). Post-LN: the stream entering the
+    self-attention is the layer's input and the one entering the FFN the attention's LayerNorm
+    output; each LayerNorm takes x + G(x). F(x, theta) is the last hidden state (the top layer's
+    LayerNorm output); the logits, the head's. The attention logits are recomputed from the
+    sublayer's own input, query and key scaled by 1 / sqrt(d_h), over every pair of real tokens
+    (not causal; the batch's attention_mask says which are real). The batch is a dict of the
+    model's inputs (input_ids, attention_mask) or the input ids."""
+
+    LAYOUT = ("attention.self.query", "attention.self.key", "attention.output.LayerNorm", "intermediate.dense",
+              "output.dense", "output.LayerNorm")
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.layers = list(_encoder_layers(model))
+        if getattr(model.config, "position_embedding_type", "absolute") != "absolute":
+            raise TypeError(f"{type(model).__name__} adds relative positions to its attention scores, which the "
+                            "logits here would leave out: write a stabexp.probes.adapters.Adapter for it and pass "
+                            "adapter= (docs/probes.md, 'Adapters')")
+        self.keep: Optional[torch.Tensor] = None  # the probe batch's real tokens, during the probe pass
+
+    def sublayers(self) -> List[Sublayer]:
+        found = []
+        for i, layer in enumerate(self.layers, start=1):
+            attention, attention_norm = layer.attention, layer.attention.output.LayerNorm
+            found.append(Sublayer("encoder", i, "self_attn", list(attention.parameters()), (layer, "pre"),
+                                  attention_norm, (attention.self, "pre_kwargs", self._logits)))
+            found.append(Sublayer("encoder", i, "ffn", [*layer.intermediate.parameters(), *layer.output.parameters()],
+                                  (attention_norm, "post"), layer.output.LayerNorm))
+        return found
+
+    def _logits(self, attn, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        shape = (*hidden.shape[:-1], -1, attn.attention_head_size)
+        q, k = (proj(hidden).view(shape).transpose(1, 2) for proj in (attn.query, attn.key))
+        scores = q @ k.transpose(-1, -2) * attn.scaling
+        if self.keep is not None:
+            scores = scores.masked_fill(~self.keep[:, None, None, :], float("-inf"))
+        return scores.amax()
+
+    def probe_pass(self, batch):
+        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
+        self.keep = self._mask(batch)
+        try:
+            with eval_mode(self.model):
+                output = self.model(**inputs, output_hidden_states=True)
+        finally:
+            self.keep = None
+        return output.hidden_states[-1], _logits_of(output)
+
+    def _mask(self, batch) -> Optional[torch.Tensor]:
+        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+        return mask.bool() if mask is not None else None
+
+    def token_masks(self, batch):
+        return {"encoder": self._mask(batch)}
+
+    def feature_mask(self, batch):
+        return self._mask(batch)
+
+
+def _encoder_layers(model: nn.Module) -> List[nn.Module]:
+    """The layers of a BERT-style encoder (HFEncoderAdapter.LAYOUT in each), else []."""
+    base = getattr(model, "base_model", model)
+    layers = list(getattr(getattr(base, "encoder", None), "layer", None) or [])
+    return layers if layers and all(_has(layer, part) for layer in layers for part in HFEncoderAdapter.LAYOUT) else []
+
+
 def _has(module: nn.Module, dotted: str) -> bool:
     for name in dotted.split("."):
         module = getattr(module, name, None)
@@ -363,7 +434,7 @@ def _known_adapter(model: nn.Module) -> Optional[Adapter]:
     if hasattr(model, "residuals") and hasattr(model, "features"):
         return StabexpAdapter(model)
     if hasattr(model, "config") and getattr(model.config, "model_type", None) is not None:
-        return HFDecoderAdapter(model)
+        return HFEncoderAdapter(model) if _encoder_layers(model) else HFDecoderAdapter(model)
     if any(isinstance(m, (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder)) for m in model.modules()):
         return TorchTransformerAdapter(model)
     return None
