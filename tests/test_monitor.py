@@ -211,6 +211,86 @@ def test_a_bert_encoder_in_a_plain_loop(tmp_path):
     assert last.sublayer.tolist() == ["self_attn", "ffn"] * 2 and set(last["stack"]) == {"encoder"}
 
 
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_a_bart_style_encoder_decoder_in_a_plain_loop(family, tmp_path):
+    """10 steps of a 2L-2L BART (Marian), the papers' Post-LN encoder-decoder, with padded source
+    and target probe sequences: per-sublayer gradient norms (encoder, then decoder with its
+    cross-attentions), each LayerNorm's input norm over its stack's real tokens and each
+    attention's largest logit over the pairs it may use, equal to their computation by hand."""
+    import transformers as t
+
+    torch.manual_seed(0)
+    sizes = dict(encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4, decoder_attention_heads=4,
+                 encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, max_position_embeddings=32, pad_token_id=1,
+                 bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    model = (t.BartForConditionalGeneration(t.BartConfig(**sizes)) if family == "bart"
+             else t.MarianMTModel(t.MarianConfig(**sizes)))
+    src_mask, tgt_mask = torch.ones(3, T, dtype=torch.long), torch.ones(3, T // 2, dtype=torch.long)
+    src_mask[0, T // 2:], tgt_mask[2, T // 4:] = 0, 0
+    probe = {"input_ids": _tokens(3, T, seed=1), "attention_mask": src_mask,
+             "decoder_input_ids": _tokens(3, T // 2, seed=2), "decoder_attention_mask": tgt_mask}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    monitor = Monitor(model, probe, tmp_path / family, optimizer=optimizer, steps=10)
+    encoder, decoder = model.model.encoder.layers, model.model.decoder.layers
+
+    def groups(layer, decoder_layer):
+        attentions = [(layer.self_attn, layer.self_attn_layer_norm)]
+        if decoder_layer:
+            attentions.append((layer.encoder_attn, layer.encoder_attn_layer_norm))
+        return [*attentions, (layer.fc1, layer.fc2, layer.final_layer_norm)]
+    sublayers = [g for layer in encoder for g in groups(layer, False)] + [g for layer in decoder for g in groups(layer, True)]
+    by_hand = {}
+    for step in range(1, 11):
+        src, tgt = _tokens(8, T, seed=10 + step), _tokens(8, T // 2, seed=30 + step)
+        model(input_ids=src, decoder_input_ids=tgt, labels=tgt).loss.backward()
+        by_hand[step] = [math.sqrt(sum(p.grad.pow(2).sum().item() for m in g for p in m.parameters())) for g in sublayers]
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step()
+    monitor.close()
+    rows = pd.read_csv(tmp_path / family / "layers.csv")
+    for step in (1, 10):
+        assert rows[rows.step == step].grad_norm.tolist() == pytest.approx(by_hand[step], rel=1e-5)
+
+    # Step 10's LayerNorm inputs and attention logits, by hand over the real tokens.
+    real = {"encoder": src_mask.bool(), "decoder": tgt_mask.bool()}
+    norms, logits = [], []
+
+    def ln_input(stack):
+        return lambda m, args: norms.append(args[0].norm(dim=-1)[real[stack]].mean().item())
+
+    def scores(causal, keys):
+        def hook(attn, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            kv = kwargs.get("key_value_states")
+            q = attn.q_proj(h).unflatten(-1, (4, 8)).transpose(1, 2)
+            k = attn.k_proj(h if kv is None else kv).unflatten(-1, (4, 8)).transpose(1, 2)
+            s = q @ k.transpose(-1, -2) / math.sqrt(8)
+            allowed = real[keys][:, None, None, :].expand_as(s)
+            if causal:
+                allowed = allowed & torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+            logits.append(s.masked_fill(~allowed, -1e9).amax().item())
+        return hook
+    hooks = []
+    for stack, layers in (("encoder", encoder), ("decoder", decoder)):
+        for layer in layers:
+            lns = [layer.self_attn_layer_norm, *([layer.encoder_attn_layer_norm] if stack == "decoder" else []),
+                   layer.final_layer_norm]
+            hooks += [ln.register_forward_pre_hook(ln_input(stack)) for ln in lns]
+            hooks.append(layer.self_attn.register_forward_pre_hook(scores(stack == "decoder", stack), with_kwargs=True))
+            if stack == "decoder":
+                hooks.append(layer.encoder_attn.register_forward_pre_hook(scores(False, "encoder"), with_kwargs=True))
+    model.eval()
+    with torch.no_grad():
+        model(**probe)
+    for h in hooks:
+        h.remove()
+    last = rows[rows.step == 10]
+    assert last.ln_input_norm.tolist() == pytest.approx(norms, rel=1e-5)
+    assert last[last.sublayer != "ffn"].max_attn_logit.tolist() == pytest.approx(logits, rel=1e-5)
+    assert last.sublayer.tolist() == ["self_attn", "ffn"] * 2 + ["self_attn", "cross_attn", "ffn"] * 2
+
+
 def _blocks_norms(model):
     base = model.base_model
     if hasattr(base, "h"):

@@ -5,13 +5,13 @@ to know of a model, so that they run on stabexp's own models and on others alike
 An adapter lists the model's residual sublayers (`Sublayer`: its parameters, the module whose
 input or output is the residual stream entering it, the norm on that stream, a hook giving its
 attention logits) and runs the probe pass: the model in eval mode on the probe batch, returning
-F(x, theta), the final hidden state before the output projection, and the logits. Four come
+F(x, theta), the final hidden state before the output projection, and the logits. Five come
 with stabexp: `StabexpAdapter` (its own models, exact to the trainer's numbers),
 `TorchTransformerAdapter` (a model built on torch.nn.Transformer or its encoder / decoder),
-`HFDecoderAdapter` (Hugging Face transformers' GPT-2, GPT-NeoX and Llama-style decoders) and
-`HFEncoderAdapter` (BERT-style encoders). `adapter_for`
+`HFDecoderAdapter` (Hugging Face transformers' GPT-2, GPT-NeoX and Llama-style decoders),
+`HFEncoderAdapter` (BERT-style encoders) and `HFSeq2SeqAdapter` (BART and Marian). `adapter_for`
 picks one; any other model is a subclass of `Adapter` with `sublayers` and `probe_pass`. The
-last three recompute each attention's logits from its inputs; the Hugging Face decoders' leave
+last four recompute each attention's logits from its inputs; the Hugging Face decoders' leave
 no padded key out: their probe batch is unpadded (docs/probes.md).
 """
 
@@ -397,6 +397,86 @@ class HFEncoderAdapter(Adapter):
         return self._mask(batch)
 
 
+class HFSeq2SeqAdapter(Adapter):
+    """A Hugging Face transformers encoder-decoder laid out as BART and Marian (the fairseq
+    Transformer's Post-LN layout, the papers' kind of model; `model.encoder.layers[i]`:
+    self_attn, self_attn_layer_norm, fc1, fc2, final_layer_norm, and in the decoder's layers
+    encoder_attn and encoder_attn_layer_norm between). Post-LN: the stream entering a sublayer is
+    the previous LayerNorm's output (the layer's input for the first), and each LayerNorm takes
+    x + G(x). F(x, theta) is the decoder's last hidden state; the logits, the model's. The
+    attention logits are recomputed from each sublayer's inputs (q_proj of its input, k_proj of
+    the same or of the encoder's output), scaled as the model scales them, over the pairs the
+    batch's masks keep: every real encoder token as a key, and in the decoder's self-attention
+    the causal pairs of real tokens. The batch is a dict of the model's inputs (input_ids,
+    attention_mask, decoder_input_ids, decoder_attention_mask)."""
+
+    KINDS = ("bart", "marian")  # Post-LN; mBART's and Pegasus's layers, the same names in Pre-LN order, are not
+    LAYOUT = ("self_attn.q_proj", "self_attn.k_proj", "self_attn_layer_norm", "fc1", "fc2", "final_layer_norm")
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        base = getattr(model, "base_model", model)
+        self.stacks = [("encoder", list(base.encoder.layers)), ("decoder", list(base.decoder.layers))]
+        self.keep: Dict[str, Optional[torch.Tensor]] = {}  # each stack's real tokens, during the probe pass
+
+    @classmethod
+    def knows(cls, model: nn.Module) -> bool:
+        base = getattr(model, "base_model", model)
+        layers = [*getattr(getattr(base, "encoder", None), "layers", []), *getattr(getattr(base, "decoder", None), "layers", [])]
+        return (getattr(model.config, "model_type", None) in cls.KINDS and bool(layers)
+                and all(_has(layer, part) for layer in layers for part in cls.LAYOUT))
+
+    def sublayers(self) -> List[Sublayer]:
+        found = []
+        for stack, layers in self.stacks:
+            for i, layer in enumerate(layers, start=1):
+                attentions = [("self_attn", layer.self_attn, layer.self_attn_layer_norm, stack == "decoder", stack)]
+                if stack == "decoder":
+                    attentions.append(("cross_attn", layer.encoder_attn, layer.encoder_attn_layer_norm, False, "encoder"))
+                previous: Tuple[nn.Module, str] = (layer, "pre")
+                for name, attn, norm, causal, keys in attentions:
+                    found.append(Sublayer(stack, i, name, [*attn.parameters(), *norm.parameters()], previous, norm,
+                                          (attn, "pre_kwargs", self._logits(causal, keys))))
+                    previous = (norm, "post")
+                ffn = [*layer.fc1.parameters(), *layer.fc2.parameters(), *layer.final_layer_norm.parameters()]
+                found.append(Sublayer(stack, i, "ffn", ffn, previous, layer.final_layer_norm))
+        return found
+
+    def _logits(self, causal: bool, keys: str) -> Callable:
+        def logits(attn, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            source = kwargs.get("key_value_states")
+            source = hidden if source is None else source
+            q = attn.q_proj(hidden).unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2)
+            k = attn.k_proj(source).unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2)
+            scores = q @ k.transpose(-1, -2) * attn.scaling
+            if causal:
+                t = scores.shape[-1]
+                scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=scores.device).triu(1),
+                                            float("-inf"))
+            real = self.keep.get(keys)
+            if real is not None:
+                scores = scores.masked_fill(~real[:, None, None, :], float("-inf"))
+            return scores.amax()
+        return logits
+
+    def probe_pass(self, batch):
+        self.keep = self.token_masks(batch)
+        try:
+            with eval_mode(self.model):
+                output = self.model(**batch, output_hidden_states=True)
+        finally:
+            self.keep = {}
+        return output.decoder_hidden_states[-1], _logits_of(output)
+
+    def token_masks(self, batch):
+        return {stack: batch[key].bool() if batch.get(key) is not None else None
+                for stack, key in (("encoder", "attention_mask"), ("decoder", "decoder_attention_mask"))}
+
+    def feature_mask(self, batch):
+        return self.token_masks(batch)["decoder"]
+
+
 def _encoder_layers(model: nn.Module) -> List[nn.Module]:
     """The layers of a BERT-style encoder (HFEncoderAdapter.LAYOUT in each), else []."""
     base = getattr(model, "base_model", model)
@@ -434,6 +514,8 @@ def _known_adapter(model: nn.Module) -> Optional[Adapter]:
     if hasattr(model, "residuals") and hasattr(model, "features"):
         return StabexpAdapter(model)
     if hasattr(model, "config") and getattr(model.config, "model_type", None) is not None:
+        if HFSeq2SeqAdapter.knows(model):
+            return HFSeq2SeqAdapter(model)
         return HFEncoderAdapter(model) if _encoder_layers(model) else HFDecoderAdapter(model)
     if any(isinstance(m, (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder)) for m in model.modules()):
         return TorchTransformerAdapter(model)
