@@ -228,7 +228,9 @@ class HFDecoderAdapter(Adapter):
     """A Hugging Face transformers decoder-only model (built from a config or loaded): GPT-2
     (`transformer.h[i]`: ln_1, attn, ln_2, mlp), GPT-NeoX (Pythia; `gpt_neox.layers[i]`:
     input_layernorm, attention, post_attention_layernorm, mlp, the two branches in parallel or
-    in turn; q, k from query_key_value with the partial rotary embedding) and the Llama layout (`model.layers[i]`:
+    in turn; q, k from query_key_value with the partial rotary embedding), GPT-J
+    (`transformer.h[i]`: ln_1 feeding attn and mlp in parallel; its weights counted in the FFN's
+    sublayer) and the Llama layout (`model.layers[i]`:
     input_layernorm, self_attn, post_attention_layernorm, mlp; q and k are q_proj, k_proj and
     the rotary embedding, as in Mistral and Qwen2; Qwen3's q_norm and k_norm on each head before
     the rotation). Both are Pre-LN: the stream
@@ -245,16 +247,17 @@ class HFDecoderAdapter(Adapter):
         blocks = list(getattr(base, "h", None) or getattr(base, "layers", None) or [])
         layouts = {"gpt2": ("ln_1", "attn.c_attn", "ln_2", "mlp"),
                    "llama": ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "post_attention_layernorm", "mlp"),
-                   "gpt_neox": ("input_layernorm", "attention.query_key_value", "post_attention_layernorm", "mlp")}
+                   "gpt_neox": ("input_layernorm", "attention.query_key_value", "post_attention_layernorm", "mlp"),
+                   "gptj": ("ln_1", "attn.q_proj", "attn.k_proj", "mlp")}
         self.kind = next((kind for kind, parts in layouts.items() if blocks and all(
             _has(block, part) for block in blocks for part in parts)), None)
         self.blocks = blocks
         what = f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
         if self.kind is None:
             raise TypeError(f"{what} is not laid out as GPT-2 ({', '.join(layouts['gpt2'])}), Llama "
-                            f"({', '.join(layouts['llama'])}) or GPT-NeoX ({', '.join(layouts['gpt_neox'])}) in each "
-                            "layer: write a stabexp.probes.adapters.Adapter for it and pass adapter= (docs/probes.md, "
-                            "'Adapters')")
+                            f"({', '.join(layouts['llama'])}), GPT-NeoX ({', '.join(layouts['gpt_neox'])}) or GPT-J "
+                            f"({', '.join(layouts['gptj'])}) in each layer: write a stabexp.probes.adapters.Adapter "
+                            "for it and pass adapter= (docs/probes.md, 'Adapters')")
         q_norm = getattr(blocks[0].self_attn, "q_norm", None) if self.kind == "llama" else None
         if q_norm is not None and getattr(q_norm, "weight", torch.empty(0)).shape[-1:] != (blocks[0].self_attn.head_dim,):
             raise TypeError(f"{what} normalises q and k otherwise than per head (Qwen3's), which the attention logits "
@@ -271,6 +274,13 @@ class HFDecoderAdapter(Adapter):
                 parts = [("self_attn", block.input_layernorm, block.self_attn,
                           (block.self_attn, "pre_kwargs", self._llama_logits)),
                          ("ffn", block.post_attention_layernorm, block.mlp, None)]
+            elif self.kind == "gptj":  # both branches in parallel from one norm, whose weights count in the last
+                parts = [("self_attn", block.ln_1, block.attn, (block.attn, "pre_kwargs", self._gptj_logits)),
+                         ("ffn", block.ln_1, block.mlp, None)]
+                for name, norm, branch, attention in parts:
+                    found.append(Sublayer("decoder", i, name, [*(norm.parameters() if name == "ffn" else ()),
+                                                               *branch.parameters()], (norm, "pre"), norm, attention))
+                continue
             else:  # GPT-NeoX: parallel or not, each branch's norm takes the stream that enters it
                 parts = [("self_attn", block.input_layernorm, block.attention,
                           (block.attention, "pre_kwargs", self._neox_logits)),
@@ -304,6 +314,18 @@ class HFDecoderAdapter(Adapter):
         cos, sin = kwargs["position_embeddings"]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        return max_attention_logit(q, k, True, scale=attn.scaling)
+
+    @staticmethod
+    def _gptj_logits(attn, args, kwargs):
+        from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
+
+        hidden = args[0] if args else kwargs["hidden_states"]
+        sin, cos = args[1] if len(args) > 1 else kwargs["position_embeddings"]
+        shape = (*hidden.shape[:-1], -1, attn.head_dim)
+        rotary = attn.rotary_dim or attn.head_dim  # GPT-J rotates the first rotary_dim of each head
+        q, k = ((lambda t: torch.cat([apply_rotary_pos_emb(t[..., :rotary], sin, cos), t[..., rotary:]], dim=-1))(
+            proj(hidden).view(shape)).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj))
         return max_attention_logit(q, k, True, scale=attn.scaling)
 
     @staticmethod
