@@ -37,7 +37,7 @@ class StepHook:
 
     # --- inside a step (Run.step) ---------------------------------------------------------------
 
-    def around_forward(self):
+    def around_forward(self, run):
         """A context manager around the training forward (and loss)."""
         return nullcontext()
 
@@ -47,7 +47,7 @@ class StepHook:
         the step is not applied, and the hooks after this one are not called."""
         return False
 
-    def after_optimizer_step(self) -> None:
+    def after_optimizer_step(self, run) -> None:
         """After the optimiser step, before the lr schedule's."""
 
     # --- between steps (trainer.steps, through the Run) -----------------------------------------

@@ -68,10 +68,10 @@ class QKClip(StepHook):
             self.max_logits[i] = torch.maximum(self.max_logits[i], logits.detach().amax(dim=(0, 2, 3)))
         return keep_max
 
-    def around_forward(self):
+    def around_forward(self, run):
         return self.observing()
 
-    def after_optimizer_step(self) -> None:
+    def after_optimizer_step(self, run) -> None:
         if distributed.world() > 1:  # every replica clips by the largest logit of the global batch
             self.max_logits = list(distributed.max_(torch.stack(self.max_logits)))
         self.clip()

@@ -167,7 +167,7 @@ class Run:
         t, cadence, model = self.cfg.train, self.cadence, self.model
         with self.autocast, ExitStack() as around:
             for hook in self.at["around_forward"]:
-                around.enter_context(hook.around_forward())
+                around.enter_context(hook.around_forward(self))
             loss = training_loss(self.train_model, self.task, self.task.train_batch(), t.z_loss, self.world)
         self.opt.zero_grad(set_to_none=True)
         # K ranks: DDP and FSDP2 average the gradients over the ranks, so K times each share's
@@ -183,7 +183,7 @@ class Run:
             clip_gradients(model, t.clip_norm, distributed.is_sharded(model))
         self.opt.step()
         for hook in self.at["after_optimizer_step"]:
-            hook.after_optimizer_step()
+            hook.after_optimizer_step(self)
         self.sched.step()
         self.steps_done, self.lr = step, lr
         row = None
