@@ -148,9 +148,9 @@ SLOW_MODULES = {"test_cli", "test_install", "test_launchers"}
 # (--no-loadscope-reorder): the longest files first, longest first, so that the two workers end
 # together rather than one starting the presets' quick pass when the other is nearly done.
 # Measured with `pytest --durations=0` (2026-12-05, this project's 2-core machine): each of these
-# takes 40 s to 4 min of the suite's 20 min of CPU; every other file less.
-LONGEST_FIRST = ("test_presets", "test_distributed", "test_plan", "test_sweeps", "test_cli", "test_paper_scale",
-                 "test_reference_numbers", "test_resume", "test_docs", "test_install", "test_translation")
+# takes 35 s to 5 min of the suite's 18 min of CPU; every other file less.
+LONGEST_FIRST = ("test_presets", "test_distributed", "test_sweeps", "test_paper_scale", "test_cli",
+                 "test_reference_numbers", "test_resume", "test_docs", "test_plan", "test_install", "test_translation")
 
 
 def pytest_collection_modifyitems(config, items):
