@@ -145,7 +145,7 @@ SLOW_MODULES = {"test_cli", "test_install", "test_launchers"}
 
 
 # `make test` hands whole files to two workers (pytest-xdist --dist loadfile) in collection order
-# (--no-loadscope-reorder): the longest files first, longest first, so that the two workers end
+# (--no-loadscope-reorder): the longest files first, so that the two workers end
 # together rather than one starting the presets' quick pass when the other is nearly done.
 # Measured with `pytest --durations=0` (2026-12-05, this project's 2-core machine): each of these
 # takes 35 s to 5 min of the suite's 18 min of CPU; every other file less.
