@@ -459,6 +459,31 @@ def test_grad_norm_is_before_the_loop_s_clipping_summed_over_micro_batches(tmp_p
             assert layers[layers.step == step].grad_norm.tolist() == pytest.approx(per, rel=1e-5)
 
 
+def test_grad_norm_under_a_loss_scaler_is_the_unscaled_gradient_s(tmp_path):
+    """fp16-style loss scaling (a GradScaler at scale 1024): the backward pass leaves the
+    gradients 1024 times too large; grad_norm is the unscaled one, before clipping."""
+    model = _gpt2(2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    monitor = Monitor(model, {"input_ids": _tokens(4, T, seed=1)}, tmp_path / "scaled", optimizer=optimizer,
+                      grad_scaler=scaler, every=1, steps=3)
+    by_hand = {}
+    for step in range(1, 4):
+        tokens = _tokens(4, T, seed=step)
+        scaler.scale(model(input_ids=tokens, labels=tokens).loss).backward()
+        scaler.unscale_(optimizer)
+        by_hand[step] = _hf_sublayer_grads(model)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        monitor.step()
+    monitor.close()
+    metrics = pd.read_csv(tmp_path / "scaled" / "metrics.csv").set_index("step")
+    for step in (1, 2, 3):
+        assert metrics.grad_norm[step] == pytest.approx(by_hand[step][1], rel=1e-5)
+
+
 def test_the_hugging_face_trainer_callback(tmp_path):
     """The same probes from a Trainer: 50 steps of a 4-layer GPT-2 whose gradients the
     Trainer clips (max_grad_norm 1). The gradient norms are those before clipping: the total

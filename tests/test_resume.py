@@ -151,8 +151,11 @@ def test_a_run_resumed_in_a_process_of_other_threads_goes_on_at_its_own(make_cfg
         trainer.train(cfg, tmp_path / "reference")
         fail_at_step(monkeypatch, cfg, tmp_path / "run", 5)
         torch.set_num_threads(2)
+        seen, real = set(), trainer.Run.step
+        monkeypatch.setattr(trainer.Run, "step", lambda self, i: seen.add(torch.get_num_threads()) or real(self, i))
         summary = trainer.train(cfg, tmp_path / "run")
-        assert torch.get_num_threads() == 1 and summary["threads"] == 1
+        assert seen == {1} and summary["threads"] == 1
+        assert torch.get_num_threads() == 2  # the process's own, given back when the run ends
     finally:
         torch.set_num_threads(threads)
     assert summary["resumed_from"] == [4]

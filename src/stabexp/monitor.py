@@ -138,8 +138,9 @@ class Monitor:
                  logger: Union[None, str, Sequence[str]] = None, describe: Optional[Dict] = None,
                  evaluate: Optional[Callable[[nn.Module], Dict[str, float]]] = None, eval_every: int = 100,
                  steps: Optional[int] = None, config: Optional[DictConfig] = None, task=None,
-                 hook_optimizer: bool = True, overwrite: bool = False):
+                 hook_optimizer: bool = True, overwrite: bool = False, grad_scaler=None):
         self.model, self.optimizer = model, optimizer
+        self.grad_scaler = grad_scaler  # fp16 mixed precision: its loss scale is divided out of grad_norm
         self.evaluate, self.eval_every, self.steps = evaluate, eval_every, steps
         self.closed = False
         if not isinstance(eval_every, int) or eval_every < 1:
@@ -199,8 +200,9 @@ class Monitor:
         # grad_norm is the gradient as the backward pass left it, before any clipping of the
         # loop's, as `stabexp run` reads it: kept by hooks, at the steps to probe only.
         self.gradient_watch = [p.layer_probe for p in self.probes if isinstance(p, SublayerStats)]
+        scaler = self.grad_scaler
         for watch in self.gradient_watch:
-            watch.watch_gradients()
+            watch.watch_gradients(None if scaler is None or not scaler.is_enabled() else scaler.get_scale)
         self._arm(1)
         # A framework that steps through a closure (Lightning) runs the backward pass inside
         # optimizer.step, after its pre-hook: its callback calls before_step itself.
@@ -339,7 +341,7 @@ class LightningMonitor(_lightning_callback_base()):
     def on_train_start(self, trainer, pl_module) -> None:
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.monitor = Monitor(pl_module, self.probe_batch, self.out_dir, optimizer=optimizer, hook_optimizer=False,
-                               **self.options)
+                               grad_scaler=getattr(trainer.precision_plugin, "scaler", None), **self.options)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self.monitor.before_step()
@@ -377,7 +379,7 @@ class HFTrainerMonitor(_hf_callback_base()):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self.monitor = Monitor(model, self.probe_batch, self.out_dir, optimizer=optimizer, hook_optimizer=False,
-                               **self.options)
+                               grad_scaler=getattr(optimizer, "scaler", None), **self.options)
 
         def keep_loss(module, inputs, output):
             if module.training and getattr(output, "loss", None) is not None:

@@ -161,13 +161,16 @@ class LayerProbe:
         sums = self._bucket_sums(self.previous + current, owner, 2 * n)
         return (sums[:n] / sums[n:]).sqrt()
 
-    def watch_gradients(self) -> None:
+    def watch_gradients(self, loss_scale: Optional[Callable[[], float]] = None) -> None:
         """Read the gradients where the backward pass leaves them, before a training loop's
         clipping rescales them: while `armed`, a post-accumulate-grad hook on each parameter
         keeps its squared gradient norm (over accumulated micro-batches the last backward's,
         the sum of theirs), and `grad_norms` reads those. For loops whose clipping runs before
         any moment a callback is given (the Hugging Face Trainer's on_pre_optimizer_step comes
-        after it); arm only the steps to probe, so that the others pay nothing."""
+        after it); arm only the steps to probe, so that the others pay nothing. Under fp16 mixed
+        precision the backward pass leaves the gradients times the loss scale: `loss_scale()`
+        (a GradScaler's get_scale) is divided out when they are read."""
+        self.loss_scale = loss_scale
         self.captured = torch.zeros(len(self.params), device=self.owner.device)
         self.watching = [p.register_post_accumulate_grad_hook(lambda param, k=k: self._capture(k, param))
                          for k, p in enumerate(self.params) if p.requires_grad]
@@ -198,6 +201,8 @@ class LayerProbe:
         n = len(self.keys)
         if self.caught:
             sums = torch.zeros(n + 1, device=self.captured.device).index_add_(0, self.owner, self.captured)
+            if self.loss_scale is not None:
+                sums = sums / float(self.loss_scale()) ** 2
             sums = self.reduce(sums) if self.reduce is not None else sums
             return sums.sum().sqrt(), sums[:n].sqrt()
         if all(p.grad is None for p in self.params):

@@ -258,6 +258,11 @@ class HFDecoderAdapter(Adapter):
                             f"({', '.join(layouts['llama'])}), GPT-NeoX ({', '.join(layouts['gpt_neox'])}) or GPT-J "
                             f"({', '.join(layouts['gptj'])}) in each layer: write a stabexp.probes.adapters.Adapter "
                             "for it and pass adapter= (docs/probes.md, 'Adapters')")
+        if self.kind == "llama" and any(hasattr(blocks[0], n) for n in ("pre_feedforward_layernorm",
+                                                                        "post_feedforward_layernorm")):
+            raise TypeError(f"{what} normalises each branch's output too (Gemma's layout), so its norms are not "
+                            "the streams' the Llama layout reads: write a stabexp.probes.adapters.Adapter for it "
+                            "and pass adapter= (docs/probes.md, 'Adapters')")
         q_norm = getattr(blocks[0].self_attn, "q_norm", None) if self.kind == "llama" else None
         if q_norm is not None and getattr(q_norm, "weight", torch.empty(0)).shape[-1:] != (blocks[0].self_attn.head_dim,):
             raise TypeError(f"{what} normalises q and k otherwise than per head (Qwen3's), which the attention logits "
@@ -364,7 +369,7 @@ class HFEncoderAdapter(Adapter):
     output; each LayerNorm takes x + G(x). F(x, theta) is the last hidden state (the top layer's
     LayerNorm output); the logits, the head's. The attention logits are recomputed from the
     sublayer's own input, query and key scaled by 1 / sqrt(d_h), over every pair of real tokens
-    (not causal; the batch's attention_mask says which are real). The batch is a dict of the
+    (the batch's attention_mask says which are real; the causal pairs of a BERT built as a decoder). The batch is a dict of the
     model's inputs (input_ids, attention_mask) or the input ids."""
 
     LAYOUT = ("attention.self.query", "attention.self.key", "attention.output.LayerNorm", "intermediate.dense",
@@ -394,6 +399,9 @@ class HFEncoderAdapter(Adapter):
         shape = (*hidden.shape[:-1], -1, attn.attention_head_size)
         q, k = (proj(hidden).view(shape).transpose(1, 2) for proj in (attn.query, attn.key))
         scores = q @ k.transpose(-1, -2) * attn.scaling
+        if getattr(attn, "is_causal", False):  # BertLMHeadModel, RobertaForCausalLM: is_decoder
+            t = scores.shape[-1]
+            scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
         if self.keep is not None:
             scores = scores.masked_fill(~self.keep[:, None, None, :], float("-inf"))
         return scores.amax()
@@ -444,9 +452,10 @@ class HFSeq2SeqAdapter(Adapter):
     @classmethod
     def knows(cls, model: nn.Module) -> bool:
         base = getattr(model, "base_model", model)
-        layers = [*getattr(getattr(base, "encoder", None), "layers", []), *getattr(getattr(base, "decoder", None), "layers", [])]
-        return (getattr(model.config, "model_type", None) in cls.KINDS and bool(layers)
-                and all(_has(layer, part) for layer in layers for part in cls.LAYOUT))
+        encoder = list(getattr(getattr(base, "encoder", None), "layers", None) or [])
+        decoder = list(getattr(getattr(base, "decoder", None), "layers", None) or [])
+        return (getattr(model.config, "model_type", None) in cls.KINDS and bool(encoder) and bool(decoder)
+                and all(_has(layer, part) for layer in encoder + decoder for part in cls.LAYOUT))
 
     def sublayers(self) -> List[Sublayer]:
         found = []
@@ -484,14 +493,16 @@ class HFSeq2SeqAdapter(Adapter):
 
     def probe_pass(self, batch):
         self.keep = self.token_masks(batch)
+        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}  # BART shifts them into the decoder's
         try:
             with eval_mode(self.model):
-                output = self.model(**batch, output_hidden_states=True)
+                output = self.model(**inputs, output_hidden_states=True)
         finally:
             self.keep = {}
         return output.decoder_hidden_states[-1], _logits_of(output)
 
     def token_masks(self, batch):
+        batch = batch if isinstance(batch, dict) else {}
         return {stack: batch[key].bool() if batch.get(key) is not None else None
                 for stack, key in (("encoder", "attention_mask"), ("decoder", "decoder_attention_mask"))}
 

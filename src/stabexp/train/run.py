@@ -56,6 +56,7 @@ class Run:
         t = cfg.train
         self.device, self.world = device_of(t.device), distributed.world()
         threads = t.threads or (self._threads_started_with(summary) if state else 0)
+        self.threads_before = torch.get_num_threads()  # given back at close: a sweep's next run in this process
         if threads:
             torch.set_num_threads(threads)
         # Every rank alike: the same init and the same global batches (stabexp.distributed).
@@ -240,3 +241,4 @@ class Run:
     def close(self) -> None:
         self.recorder.close()
         self.progress.close()
+        torch.set_num_threads(self.threads_before)
