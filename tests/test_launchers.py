@@ -57,7 +57,8 @@ def test_a_killed_sweep_resumes_its_job_through_submitit(tmp_path, basic):
     deadline = time.time() + 120
     target = None
     while time.time() < deadline and proc.poll() is None:
-        if (tmp_path / "multirun").exists():
+        # the sweep folder appears a moment after multirun/: poll until both exist
+        if any((tmp_path / "multirun").glob("*/")):
             _, jobs = _jobs(tmp_path)
             started = [p for p in jobs.values() if (p / "metrics.csv").exists()]
             if len(started) == 2:
