@@ -372,28 +372,6 @@ def test_the_callback_examples_run_as_written(name, group, tmp_path, monkeypatch
     assert f"| {group} |" in capsys.readouterr().out
 
 
-def test_the_readme_glob_sweep_runs_every_encoder_decoder_group_but_post_lns():
-    """The README's and configuration.md's `glob(*, exclude=[...])` sweep, "the encoder-decoder
-    groups but Post-LN's": Hydra's glob over conf/group picks every group whose placements an
-    encoder-decoder takes but the postln* ones, and no other."""
-    from fnmatch import fnmatch
-
-    from omegaconf import OmegaConf
-
-    from stabexp import plugins
-
-    groups = {p.stem: OmegaConf.load(p) for p in (ROOT / "conf" / "group").glob("*.yaml")}
-    encoder_decoder = sorted(name for name, g in groups.items() if all(
-        plugins.placement(g.get(key) or g.residual).encoder_decoder for key in ("encoder_residual", "decoder_residual"))
-        and not name.startswith("postln"))
-    lines = [c for _, c, _ in COMMANDS if "glob(*,exclude=" in c]
-    assert lines
-    for line in lines:
-        excluded = re.search(r"exclude=\[([^\]]*)\]", line).group(1).split(",")
-        picked = sorted(g for g in groups if not any(fnmatch(g, pattern) for pattern in excluded))
-        assert "# the encoder-decoder groups but Post-LN's" in line and picked == encoder_decoder, (line, picked)
-
-
 def test_each_preset_cost_is_written_once():
     """A preset's cost is its file's `# cost:` line: `stabexp list` prints it, presets.md's table
     shows the same text, and the README and the Makefile give make reproduce as their sum."""
