@@ -93,18 +93,34 @@ def _hf_sublayer_grads(model):
     return per, norm(model)
 
 
+class _Recorded(list):
+    """The largest logit of each attention call, and in `scores` its logits before the mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.scores = []
+
+    def clear(self):
+        super().clear()
+        self.scores.clear()
+
+
 @pytest.fixture
 def logit_recorder(monkeypatch):
-    """Every attention's largest logit as the model itself computes it (q.k * scaling, masked),
-    recorded by an attention function of transformers' own interface that then runs eager."""
+    """Every attention's largest logit as the model itself computes it (q.k * scaling, plus T5's
+    position bias, masked), recorded by an attention function of transformers' own interface
+    that then runs eager."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.llama.modeling_llama import repeat_kv
 
-    seen = []
+    seen = _Recorded()
 
     def recording(module, query, key, value, attention_mask, scaling=None, **kwargs):
         logits = query @ repeat_kv(key, query.shape[1] // key.shape[1]).transpose(2, 3) * scaling
+        if kwargs.get("position_bias") is not None:  # T5's relative position bias, before the mask
+            logits = logits + kwargs["position_bias"]
+        seen.scores.append(logits)
         if attention_mask is not None:
             logits = logits.masked_fill(attention_mask[..., :key.shape[-2]] < -1, float("-inf"))
         seen.append(logits.amax().item())
@@ -224,6 +240,52 @@ def test_a_bert_encoder_in_a_plain_loop(tmp_path):
     assert last.sublayer.tolist() == ["self_attn", "ffn"] * 2 and set(last["stack"]) == {"encoder"}
 
 
+def test_log_z_of_a_classifier_is_over_its_sequences_and_a_model_without_logits_leaves_it_empty(tmp_path):
+    """A sequence classifier's head gives one row of logits per sequence (B, C): log Z is read over
+    the probe batch's sequences (equal to logsumexp by hand); a body without a head (BertModel,
+    T5Model) gives no logits: its log Z cells are empty, every other column is written."""
+    from transformers import BertConfig, BertForSequenceClassification, BertModel, T5Config, T5Model
+
+    torch.manual_seed(0)
+    bert = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                vocab_size=VOCAB, max_position_embeddings=32)
+    classifier = BertForSequenceClassification(BertConfig(num_labels=3, **bert))
+    mask = torch.ones(4, T, dtype=torch.long)
+    mask[1, T // 2:] = 0
+    probe = {"input_ids": _tokens(4, T, seed=1), "attention_mask": mask}
+    optimizer = torch.optim.AdamW(classifier.parameters(), lr=1e-3)
+    monitor = Monitor(classifier, probe, tmp_path / "classifier", optimizer=optimizer, steps=3)
+    for step in range(1, 4):
+        classifier(input_ids=_tokens(8, T, seed=10 + step), labels=torch.arange(8) % 3).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step()
+    monitor.close()
+    classifier.eval()
+    with torch.no_grad():
+        by_hand = torch.logsumexp(classifier(**probe).logits, dim=-1)
+    last = pd.read_csv(tmp_path / "classifier" / "metrics.csv").iloc[-1]
+    assert last.step == 3 and last.log_z_mean == pytest.approx(by_hand.mean().item(), rel=1e-5)
+    assert last.log_z_max == pytest.approx(by_hand.max().item(), rel=1e-5)
+
+    bodies = {"bert_body": (BertModel(BertConfig(**bert)), probe),
+              "t5_body": (T5Model(T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)),
+                          {"input_ids": _tokens(4, T, seed=1), "decoder_input_ids": _tokens(4, T, seed=2)})}
+    for name, (body, batch) in bodies.items():
+        optimizer = torch.optim.AdamW(body.parameters(), lr=1e-3)
+        monitor = Monitor(body, batch, tmp_path / name, optimizer=optimizer, steps=2)
+        for _ in range(2):
+            out = body(**batch)
+            out.last_hidden_state.pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            monitor.step()
+        monitor.close()
+        metrics = pd.read_csv(tmp_path / name / "metrics.csv")
+        assert metrics.log_z_mean.isna().all() and metrics.log_z_max.isna().all(), name
+        assert metrics.model_update.iloc[-1] > 0 and metrics.grad_norm.iloc[-1] > 0, name
+
+
 @pytest.mark.parametrize("family", ["bart", "marian"])
 def test_a_bart_style_encoder_decoder_in_a_plain_loop(family, tmp_path):
     """10 steps of a 2L-2L BART (Marian), the papers' Post-LN encoder-decoder, with padded source
@@ -302,6 +364,214 @@ def test_a_bart_style_encoder_decoder_in_a_plain_loop(family, tmp_path):
     assert last.ln_input_norm.tolist() == pytest.approx(norms, rel=1e-5)
     assert last[last.sublayer != "ffn"].max_attn_logit.tolist() == pytest.approx(logits, rel=1e-5)
     assert last.sublayer.tolist() == ["self_attn", "ffn"] * 2 + ["self_attn", "cross_attn", "ffn"] * 2
+
+
+def _opt(pre_ln: bool):
+    """A 2-layer OPT: Pre-LN (do_layer_norm_before, most OPT sizes), or Post-LN laid out as
+    OPT-350m (no final norm; word_embed_proj_dim != hidden_size: project_in, project_out)."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    return OPTForCausalLM(OPTConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, ffn_dim=64,
+                                    word_embed_proj_dim=32 if pre_ln else 16, do_layer_norm_before=pre_ln,
+                                    vocab_size=VOCAB, max_position_embeddings=32, bos_token_id=0, eos_token_id=0,
+                                    pad_token_id=1))
+
+
+def _recording_attention(model):
+    """Every attention of `model` (its stacks' deep-copied configs too) through the
+    logit_recorder fixture's attention and eager masks."""
+    for module in model.modules():
+        if getattr(module, "config", None) is not None:
+            module.config._attn_implementation = "stabexp_recording"
+
+
+def _masks_matter(recorded, keys, causal, padded=True):
+    """The batch tells a wrong mask from the right one: in some attention call a padded key
+    (unless not `padded`), and in some causal one a later key, would hold the largest logit if
+    let in (`keys`: each call's real keys (B, S); `causal`: which calls are)."""
+    padded_in, later_in = [], []
+    for scores, real, is_causal in zip(recorded.scores, keys, causal):
+        later = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1) if is_causal else None
+        padded_in.append(scores.masked_fill(later, float("-inf")).amax().item() if is_causal else scores.amax().item())
+        later_in.append(scores.masked_fill(~real[:, None, None, :], float("-inf")).amax().item() if is_causal else None)
+    assert len(recorded) == len(keys)
+    assert not padded or any(p > m for p, m in zip(padded_in, recorded))
+    assert any(l is not None and l > m for l, m in zip(later_in, recorded))
+
+
+def _grad_norm(parameters):
+    """By hand: the norm of the parameters' gradients, together."""
+    return math.sqrt(sum(p.grad.pow(2).sum().item() for p in parameters))
+
+
+def _per_token_update(features, features_init, real):
+    """By hand: sqrt(mean over the real tokens of ||F_t - F_0||^2)."""
+    return (features - features_init).pow(2).sum(-1)[real].mean().sqrt().item()
+
+
+@pytest.mark.parametrize("pre_ln", [True, False], ids=["pre_ln", "post_ln_350m_layout"])
+def test_an_opt_decoder_in_a_plain_loop(pre_ln, tmp_path, logit_recorder):
+    """10 steps of a 2-layer OPT, Pre-LN and OPT-350m's Post-LN layout, with a probe batch padded
+    on the right and on the left: per-sublayer gradient norms, each LayerNorm's input norm and
+    each sublayer's stream norm over the real tokens (Post-LN: the layer's input, then the
+    self-attention's LayerNorm output), each attention's largest logit over the causal pairs of
+    real keys, and the model update of the last hidden state the model returns (after
+    project_out in the 350m layout), equal to their computation by hand on the same step."""
+    model = _opt(pre_ln)
+    mask = torch.ones(4, T, dtype=torch.long)
+    mask[1, T // 2:], mask[2, :T // 2], mask[3, :3] = 0, 0, 0  # padded on the right, on the left
+    probe = {"input_ids": _tokens(4, T, seed=7), "attention_mask": mask}
+    real = mask.bool()
+    model.eval()
+    with torch.no_grad():
+        features_init = model(**probe, output_hidden_states=True).hidden_states[-1]
+    model.train()
+    assert features_init.shape[-1] == (32 if pre_ln else 16)  # 350m's layout: F is project_out's output
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    monitor = Monitor(model, probe, tmp_path / "opt", optimizer=optimizer, steps=10)
+    layers = model.model.decoder.layers
+    groups = [g for layer in layers for g in ((layer.self_attn, layer.self_attn_layer_norm),
+                                              (layer.fc1, layer.fc2, layer.final_layer_norm))]
+    by_hand = {}
+    for step in range(1, 11):
+        tokens = _tokens(8, T, seed=10 + step)
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        by_hand[step] = ([_grad_norm(p for m in g for p in m.parameters()) for g in groups],
+                         _grad_norm(model.parameters()))
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step(loss)
+    monitor.close()
+    metrics = pd.read_csv(tmp_path / "opt" / "metrics.csv").set_index("step")
+    rows = pd.read_csv(tmp_path / "opt" / "layers.csv")
+    rows = rows[rows.param.isna()]
+    for step in (1, 10):
+        assert rows[rows.step == step].grad_norm.tolist() == pytest.approx(by_hand[step][0], rel=1e-5)
+        assert metrics.grad_norm[step] == pytest.approx(by_hand[step][1], rel=1e-5)
+
+    # Step 10, by hand on the same weights: each LayerNorm's input over the real tokens (OPT's
+    # layer hands its FFN the stream flattened to (B*T, d)), the stream entering each sublayer.
+    def mean_norm(x):
+        return x.norm(dim=-1).reshape(real.shape)[real].mean().item()
+    ln_inputs, outputs = {}, {}
+    hooks = []
+    for i, layer in enumerate(layers):
+        for name, ln in (("self_attn", layer.self_attn_layer_norm), ("ffn", layer.final_layer_norm)):
+            hooks.append(ln.register_forward_pre_hook(lambda m, args, key=(i, name): ln_inputs.update({key: args[0]})))
+            hooks.append(ln.register_forward_hook(lambda m, args, out, key=(i, name): outputs.update({key: out})))
+    _recording_attention(model)
+    model.eval()
+    logit_recorder.clear()
+    with torch.no_grad():
+        out = model(**probe, output_hidden_states=True)
+    for h in hooks:
+        h.remove()
+    norms = [mean_norm(ln_inputs[i, name]) for i in range(2) for name in ("self_attn", "ffn")]
+    if pre_ln:
+        streams = norms  # the stream entering a sublayer is its norm's input
+    else:  # the layer's input (hidden_states[i]), then the self-attention's LayerNorm output
+        streams = [s for i in range(2) for s in (mean_norm(out.hidden_states[i]), mean_norm(outputs[i, "self_attn"]))]
+        assert not any(abs(a - b) < 1e-6 for a, b in zip(norms, streams))  # Post-LN: the norm takes x + G(x)
+    last = rows[rows.step == 10]
+    assert last.sublayer.tolist() == ["self_attn", "ffn"] * 2 and set(last["stack"]) == {"decoder"}
+    assert last.ln_input_norm.tolist() == pytest.approx(norms, rel=1e-5)
+    assert last.stream_norm.tolist() == pytest.approx(streams, rel=1e-5)
+    assert last[last.sublayer == "self_attn"].max_attn_logit.tolist() == pytest.approx(logit_recorder, rel=1e-4)
+    # In the Post-LN model here no padded key would hold the largest logit if let in: the Pre-LN
+    # one tells the padding mask's work.
+    _masks_matter(logit_recorder, [real, real], causal=[True, True], padded=pre_ln)
+    assert metrics.model_update[10] == pytest.approx(
+        _per_token_update(out.hidden_states[-1], features_init, real), rel=1e-4)
+    top = out.hidden_states[-1] if pre_ln else model.model.decoder.project_out(outputs[1, "ffn"])
+    assert torch.allclose(out.hidden_states[-1], top) and torch.allclose(out.logits, model.lm_head(top), atol=1e-6)
+
+
+def _t5(family):
+    """A 2L-2L T5 (classic: ReLU FFN, its output scaled by d_model^-1/2 before lm_head) or mT5
+    (T5 v1.1's gated-GELU FFN: DenseReluDense.wi_0, wi_1)."""
+    import transformers as t
+
+    torch.manual_seed(0)
+    sizes = dict(num_layers=2, d_model=32, num_heads=4, d_kv=8, d_ff=64, vocab_size=VOCAB, decoder_start_token_id=0,
+                 pad_token_id=0, eos_token_id=1)
+    if family == "t5":
+        return t.T5ForConditionalGeneration(t.T5Config(**sizes))
+    return t.MT5ForConditionalGeneration(t.MT5Config(feed_forward_proj="gated-gelu", **sizes))
+
+
+@pytest.mark.parametrize("family", ["t5", "mt5"])
+def test_a_t5_encoder_decoder_in_a_plain_loop(family, tmp_path, logit_recorder):
+    """10 steps of a 2L-2L T5 (an mT5 with T5 v1.1's gated FFN), Pre-LN with RMS norms and a
+    relative position bias, with padded source and target probe sequences: per-sublayer gradient
+    norms (encoder, then decoder with its cross-attentions), each T5LayerNorm's input norm over
+    its stack's real tokens (the stream itself), each attention's largest logit as the softmax
+    sees it (q.k unscaled plus the position bias, over the pairs the masks keep), the model
+    update of the decoder's last hidden state (its final_layer_norm's output) and log Z of the
+    model's logits, equal to their computation by hand on the same step."""
+    model = _t5(family)
+    src_mask, tgt_mask = torch.ones(3, T, dtype=torch.long), torch.ones(3, T // 2, dtype=torch.long)
+    src_mask[0, T // 2:], src_mask[1, :2], tgt_mask[2, T // 4:] = 0, 0, 0
+    probe = {"input_ids": _tokens(3, T, seed=3), "attention_mask": src_mask,
+             "decoder_input_ids": _tokens(3, T // 2, seed=4), "decoder_attention_mask": tgt_mask}
+    real = {"encoder": src_mask.bool(), "decoder": tgt_mask.bool()}
+    model.eval()
+    with torch.no_grad():
+        features_init = model(**probe, output_hidden_states=True).decoder_hidden_states[-1]
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    monitor = Monitor(model, probe, tmp_path / family, optimizer=optimizer, steps=10)
+    stacks = [("encoder", model.encoder.block), ("decoder", model.decoder.block)]
+    parts = [(stack, part) for stack, blocks in stacks for block in blocks for part in block.layer]
+    by_hand = {}
+    for step in range(1, 11):
+        src, tgt = _tokens(8, T, seed=10 + step), _tokens(8, T // 2, seed=30 + step)
+        loss = model(input_ids=src, labels=tgt).loss
+        loss.backward()
+        by_hand[step] = ([_grad_norm(part.parameters()) for _, part in parts], _grad_norm(model.parameters()))
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step(loss)
+    monitor.close()
+    metrics = pd.read_csv(tmp_path / family / "metrics.csv").set_index("step")
+    rows = pd.read_csv(tmp_path / family / "layers.csv")
+    rows = rows[rows.param.isna()]
+    for step in (1, 10):
+        assert rows[rows.step == step].grad_norm.tolist() == pytest.approx(by_hand[step][0], rel=1e-5)
+        assert metrics.grad_norm[step] == pytest.approx(by_hand[step][1], rel=1e-5)
+
+    # Step 10, by hand on the same weights: each sub-layer norm's input over its stack's real
+    # tokens; the logits the model's own attention computes, recorded (q.k + position bias).
+    norms, top = [], []
+    hooks = [part.layer_norm.register_forward_pre_hook(
+        lambda m, args, stack=stack: norms.append(args[0].norm(dim=-1)[real[stack]].mean().item()))
+        for stack, part in parts]
+    hooks.append(model.decoder.final_layer_norm.register_forward_hook(lambda m, args, out: top.append(out)))
+    _recording_attention(model)
+    model.eval()
+    logit_recorder.clear()
+    with torch.no_grad():
+        out = model(**probe, output_hidden_states=True)
+    for h in hooks:
+        h.remove()
+    last = rows[rows.step == 10]
+    assert last.sublayer.tolist() == ["self_attn", "ffn"] * 2 + ["self_attn", "cross_attn", "ffn"] * 2
+    assert last["stack"].tolist() == ["encoder"] * 4 + ["decoder"] * 6
+    assert last.ln_input_norm.tolist() == pytest.approx(norms, rel=1e-5)
+    assert last.stream_norm.tolist() == pytest.approx(norms, rel=1e-5)  # Pre-LN: the stream is the norm's input
+    assert len(logit_recorder) == 6
+    assert last[last.sublayer != "ffn"].max_attn_logit.tolist() == pytest.approx(logit_recorder, rel=1e-4)
+    # In the model's order: the encoder's self-attentions, then each decoder block's self and cross.
+    _masks_matter(logit_recorder, [real[k] for k in ("encoder",) * 2 + ("decoder", "encoder") * 2],
+                  causal=[False, False, True, False, True, False])
+    features = out.decoder_hidden_states[-1]
+    assert torch.equal(features, top[0])  # F: after the decoder's final_layer_norm
+    assert metrics.model_update[10] == pytest.approx(_per_token_update(features, features_init, real["decoder"]),
+                                                     rel=1e-4)
+    log_z = torch.logsumexp(out.logits, dim=-1)[real["decoder"]]
+    assert [metrics.log_z_mean[10], metrics.log_z_max[10]] == pytest.approx([log_z.mean().item(), log_z.max().item()],
+                                                                            rel=1e-5)
 
 
 def _blocks_norms(model):
@@ -780,18 +1050,22 @@ def test_an_encoder_lm_s_attention_logits_read_the_mask_it_is_called_with():
     assert seen == pytest.approx([causal.amax().item()], rel=1e-5)
 
 
-@pytest.mark.parametrize("family", ["opt", "t5"])
+@pytest.mark.parametrize("family", ["mbart", "pegasus", "umt5"])
 def test_a_model_no_adapter_knows_is_one_line_naming_the_adapter_to_write(family, tmp_path):
-    """OPT, T5 (other layouts): refused when
-    the monitor is built, in one line that names what to write, never an AttributeError later."""
+    """mBART and Pegasus (BART's names in Pre-LN order), UMT5 (T5's layout with a position bias
+    in every block): refused when the monitor is built, in one line that names what to write,
+    never an AttributeError later."""
     import transformers as t
 
-    small = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    small = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=2, pad_token_id=1)
+    seq2seq = dict(encoder_layers=1, decoder_layers=1, d_model=16, encoder_attention_heads=2, decoder_attention_heads=2,
+                   encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32, decoder_start_token_id=2,
+                   **small)
     build = {
-        "opt": lambda: t.OPTForCausalLM(t.OPTConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32,
-                                                    word_embed_proj_dim=16, **small)),
-        "t5": lambda: t.T5ForConditionalGeneration(t.T5Config(num_layers=1, d_model=16, num_heads=2, d_ff=32, d_kv=8,
-                                                              vocab_size=VOCAB)),
+        "mbart": lambda: t.MBartForConditionalGeneration(t.MBartConfig(**seq2seq)),
+        "pegasus": lambda: t.PegasusForConditionalGeneration(t.PegasusConfig(**seq2seq)),
+        "umt5": lambda: t.UMT5ForConditionalGeneration(t.UMT5Config(num_layers=1, d_model=16, num_heads=2, d_ff=32,
+                                                                    d_kv=8, vocab_size=VOCAB)),
     }[family]
     with pytest.raises(TypeError, match=re.escape(f"({family})") + ".*write a stabexp.probes.adapters.Adapter for it"):
         Monitor(build(), {"input_ids": _tokens(1, 4)}, tmp_path / family)

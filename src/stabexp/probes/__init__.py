@@ -238,7 +238,9 @@ class LayerProbe:
         def mean_norm(into: List, i: int, real: Optional[torch.Tensor], output: bool = False):
             def hook(module, args, *out):
                 x = out[0] if output else args[0]
-                into[i] = token_mean(torch.linalg.vector_norm(x.detach(), dim=-1), real)
+                norms = torch.linalg.vector_norm(x.detach(), dim=-1)
+                # In the batch's (B, T) shape: a layer may flatten its tokens (OPT's FFN takes (B*T, d)).
+                into[i] = token_mean(norms if real is None else norms.reshape(real.shape), real)
             return hook
 
         def largest_logit(i: int, logits: Callable):

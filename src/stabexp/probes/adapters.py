@@ -5,14 +5,15 @@ to know of a model, so that they run on stabexp's own models and on others alike
 An adapter lists the model's residual sublayers (`Sublayer`: its parameters, the module whose
 input or output is the residual stream entering it, the norm on that stream, a hook giving its
 attention logits) and runs the probe pass: the model in eval mode on the probe batch, returning
-F(x, theta), the final hidden state before the output projection, and the logits. Five come
+F(x, theta), the final hidden state before the output projection, and the logits. Seven come
 with stabexp: `StabexpAdapter` (its own models, exact to the trainer's numbers),
 `TorchTransformerAdapter` (a model built on torch.nn.Transformer or its encoder / decoder),
-`HFDecoderAdapter` (Hugging Face transformers' GPT-2, GPT-NeoX and Llama-style decoders),
-`HFEncoderAdapter` (BERT-style encoders) and `HFSeq2SeqAdapter` (BART and Marian). `adapter_for`
-picks one; any other model is a subclass of `Adapter` with `sublayers` and `probe_pass`. The
-last four recompute each attention's logits from its inputs; the Hugging Face decoders' leave
-no padded key out: their probe batch is unpadded (docs/probes.md).
+`HFDecoderAdapter` (Hugging Face transformers' GPT-2, GPT-NeoX, GPT-J and Llama-style decoders),
+`HFOPTAdapter` (OPT, Pre-LN or Post-LN), `HFEncoderAdapter` (BERT-style encoders),
+`HFSeq2SeqAdapter` (BART and Marian) and `HFT5Adapter` (T5 and mT5). `adapter_for` picks one;
+any other model is a subclass of `Adapter` with `sublayers` and `probe_pass`. All but the first
+recompute each attention's logits from its inputs; HFDecoderAdapter's leave no padded key out:
+its probe batch is unpadded (docs/probes.md).
 """
 
 from __future__ import annotations
@@ -361,6 +362,77 @@ class HFDecoderAdapter(Adapter):
         return self._mask(batch)
 
 
+class HFOPTAdapter(Adapter):
+    """A Hugging Face transformers OPT decoder (OPTForCausalLM, OPTModel; `model.decoder.layers[i]`:
+    self_attn (q_proj, k_proj, v_proj, out_proj), self_attn_layer_norm, fc1, fc2,
+    final_layer_norm), in either placement its config's `do_layer_norm_before` says. True (the
+    Pre-LN placement of most OPT sizes): each LayerNorm takes the stream entering its sublayer,
+    and the decoder ends with its own final_layer_norm. False (the Post-LN placement OPT-350m is
+    built with): each LayerNorm takes x + G(x), the stream entering the self-attention is the
+    layer's input and the one entering the FFN the self-attention's LayerNorm output, and the
+    decoder has no final norm. F(x, theta) is the last hidden state the model returns, the
+    lm_head's input: after the decoder's final_layer_norm (Pre-LN) and after `project_out` where
+    the model has one (word_embed_proj_dim != hidden_size, as OPT-350m: F is then
+    word_embed_proj_dim wide, the projection of the top layer's output); the logits, the
+    model's. The attention logits are recomputed from the sublayer's own input, q_proj of it
+    times the attention's `scaling` (1 / sqrt(d_h)) against k_proj of it, over the causal pairs
+    whose key is a real token (the batch's attention_mask). The batch is a dict of the model's
+    inputs (input_ids, attention_mask) or the input ids."""
+
+    LAYOUT = ("self_attn.q_proj", "self_attn.k_proj", "self_attn_layer_norm", "fc1", "fc2", "final_layer_norm")
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.layers = _opt_layers(model)
+        self.pre_ln = bool(getattr(model.config, "do_layer_norm_before", True))
+        self.keep: Optional[torch.Tensor] = None  # the probe batch's real tokens, during the probe pass
+
+    @classmethod
+    def knows(cls, model: nn.Module) -> bool:
+        return getattr(model.config, "model_type", None) == "opt" and bool(_opt_layers(model))
+
+    def sublayers(self) -> List[Sublayer]:
+        found = []
+        for i, layer in enumerate(self.layers, start=1):
+            attn, attn_norm, ffn_norm = layer.self_attn, layer.self_attn_layer_norm, layer.final_layer_norm
+            ffn = [*layer.fc1.parameters(), *layer.fc2.parameters(), *ffn_norm.parameters()]
+            # Pre-LN: the stream entering a sublayer is its norm's input; Post-LN: the layer's
+            # input, then the self-attention's LayerNorm output.
+            streams = ([(attn_norm, "pre"), (ffn_norm, "pre")] if self.pre_ln
+                       else [(layer, "pre"), (attn_norm, "post")])
+            found.append(Sublayer("decoder", i, "self_attn", [*attn.parameters(), *attn_norm.parameters()], streams[0],
+                                  attn_norm, (attn, "pre_kwargs", self._logits)))
+            found.append(Sublayer("decoder", i, "ffn", ffn, streams[1], ffn_norm))
+        return found
+
+    def _logits(self, attn, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        shape = (*hidden.shape[:-1], -1, attn.head_dim)
+        q = (attn.q_proj(hidden) * attn.scaling).view(shape).transpose(1, 2)  # scaled as the model scales it
+        k = attn.k_proj(hidden).view(shape).transpose(1, 2)
+        return _allowed(q @ k.transpose(-1, -2), True, self.keep).amax()
+
+    def probe_pass(self, batch):
+        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
+        self.keep = self._mask(batch)
+        try:
+            with eval_mode(self.model):
+                output = self.model(**inputs, output_hidden_states=True)
+        finally:
+            self.keep = None
+        return output.hidden_states[-1], _logits_of(output)
+
+    def _mask(self, batch) -> Optional[torch.Tensor]:
+        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+        return mask.bool() if mask is not None else None
+
+    def token_masks(self, batch):
+        return {"decoder": self._mask(batch)}
+
+    def feature_mask(self, batch):
+        return self._mask(batch)
+
+
 class HFEncoderAdapter(Adapter):
     """A Hugging Face transformers encoder-only model laid out as BERT (BERT, RoBERTa and their
     heads; `encoder.layer[i]`: attention.self (query, key, value), attention.output (dense,
@@ -510,6 +582,122 @@ class HFSeq2SeqAdapter(Adapter):
         return self.token_masks(batch)["decoder"]
 
 
+class HFT5Adapter(Adapter):
+    """A Hugging Face transformers T5 encoder-decoder (T5ForConditionalGeneration, T5Model, and by
+    the same code mT5 and T5 v1.1, whose FFN is gated: DenseReluDense.wi_0, wi_1). Each block of
+    `encoder.block` and `decoder.block` holds its sub-layers in `layer`: layer[0] the
+    self-attention (layer_norm, SelfAttention with q, k, v, o), in the decoder layer[1] the
+    cross-attention (layer_norm, EncDecAttention), and last the FFN (layer_norm,
+    DenseReluDense). Pre-LN: each sub-layer's T5LayerNorm (an RMS norm: no mean subtracted, no
+    bias) takes the stream entering it, and each stack ends with its final_layer_norm. The
+    relative position bias is the first block's self-attention's `relative_attention_bias`,
+    whose values that block computes and passes on to the others of its stack: its weights count
+    in the first block's self-attention sublayer. F(x, theta) is the decoder's last hidden state,
+    after its final_layer_norm; the logits, the model's (T5ForConditionalGeneration scales the
+    decoder's output by d_model^-1/2 before lm_head where its config's scale_decoder_outputs says
+    so, as for classic T5: F is taken before that). The largest attention logit is the largest
+    logit the softmax sees: q.k, which T5 does not divide by sqrt(d_h), plus the relative position
+    bias of the pair (none in cross-attention), recomputed from each sublayer's inputs (q of its
+    input, k of the same or of the encoder's output) over the pairs the batch's masks keep: every
+    real encoder token as a key, and in the decoder's self-attention the causal pairs of real
+    tokens; the masks' own large negative values are left out. The batch is a dict of the
+    model's inputs (input_ids, attention_mask, decoder_input_ids or labels,
+    decoder_attention_mask)."""
+
+    KINDS = ("t5", "mt5")  # UMT5 (a position bias in every block), LongT5 (local attention) are not
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        base = getattr(model, "base_model", model)
+        self.stacks = [("encoder", list(base.encoder.block)), ("decoder", list(base.decoder.block))]
+        self.keep: Dict[str, Optional[torch.Tensor]] = {}  # each stack's real tokens, during the probe pass
+
+    @classmethod
+    def knows(cls, model: nn.Module) -> bool:
+        base = getattr(model, "base_model", model)
+        encoder = list(getattr(getattr(base, "encoder", None), "block", None) or [])
+        decoder = list(getattr(getattr(base, "decoder", None), "block", None) or [])
+
+        def laid_out(block, decoder_block):
+            parts = list(getattr(block, "layer", None) or [])
+            if len(parts) != (3 if decoder_block else 2):
+                return False
+            attentions = [(parts[0], "SelfAttention")] + ([(parts[1], "EncDecAttention")] if decoder_block else [])
+            return (all(_has(part, f"{name}.{proj}") and _has(part, "layer_norm")
+                        for part, name in attentions for proj in ("q", "k"))
+                    and _has(parts[-1], "DenseReluDense") and _has(parts[-1], "layer_norm"))
+        return (getattr(model.config, "model_type", None) in cls.KINDS and bool(encoder) and bool(decoder)
+                and all(laid_out(b, False) for b in encoder) and all(laid_out(b, True) for b in decoder))
+
+    def sublayers(self) -> List[Sublayer]:
+        found = []
+        for stack, blocks in self.stacks:
+            for i, block in enumerate(blocks, start=1):
+                attentions = [("self_attn", block.layer[0], block.layer[0].SelfAttention, stack == "decoder", stack)]
+                if stack == "decoder":
+                    attentions.append(("cross_attn", block.layer[1], block.layer[1].EncDecAttention, False, "encoder"))
+                for name, part, attn, causal, keys in attentions:
+                    found.append(Sublayer(stack, i, name, list(part.parameters()), (part.layer_norm, "pre"),
+                                          part.layer_norm, (attn, "pre_kwargs", self._logits(causal, keys))))
+                ffn = block.layer[-1]
+                found.append(Sublayer(stack, i, "ffn", list(ffn.parameters()), (ffn.layer_norm, "pre"), ffn.layer_norm))
+        return found
+
+    def _logits(self, causal: bool, keys: str) -> Callable:
+        def logits(attn, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            source = kwargs.get("key_value_states")
+            source = hidden if source is None else source
+            q = attn.q(hidden).unflatten(-1, (-1, attn.key_value_proj_dim)).transpose(1, 2)
+            k = attn.k(source).unflatten(-1, (-1, attn.key_value_proj_dim)).transpose(1, 2)
+            scores = q @ k.transpose(-1, -2) * getattr(attn, "scaling", 1.0)  # T5's is 1
+            # The bias the block is given (the first block's), or the one the first block
+            # computes; a cross-attention has none (its bias is zeros).
+            bias = kwargs.get("position_bias")
+            if bias is None and attn.has_relative_attention_bias:
+                bias = attn.compute_bias(scores.shape[-2], scores.shape[-1], device=scores.device)
+            if bias is not None:
+                scores = scores + bias
+            return _allowed(scores, causal, self.keep.get(keys)).amax()
+        return logits
+
+    def probe_pass(self, batch):
+        self.keep = self.token_masks(batch)
+        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
+        try:
+            with eval_mode(self.model):
+                output = self.model(**inputs, output_hidden_states=True)
+        finally:
+            self.keep = {}
+        return output.decoder_hidden_states[-1], _logits_of(output)
+
+    def token_masks(self, batch):
+        batch = batch if isinstance(batch, dict) else {}
+        return {stack: batch[key].bool() if batch.get(key) is not None else None
+                for stack, key in (("encoder", "attention_mask"), ("decoder", "decoder_attention_mask"))}
+
+    def feature_mask(self, batch):
+        return self.token_masks(batch)["decoder"]
+
+
+def _opt_layers(model: nn.Module) -> List[nn.Module]:
+    """The layers of an OPT decoder (HFOPTAdapter.LAYOUT in each), else []."""
+    base = getattr(model, "base_model", model)
+    layers = list(getattr(getattr(base, "decoder", None), "layers", None) or [])
+    return layers if layers and all(_has(layer, part) for layer in layers for part in HFOPTAdapter.LAYOUT) else []
+
+
+def _allowed(scores: torch.Tensor, causal: bool, real: Optional[torch.Tensor]) -> torch.Tensor:
+    """Attention scores (B, h, T, S), -inf where the attention may not look: a later key (causal)
+    or a padded one (`real` (B, S) False)."""
+    if causal:
+        later = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(later, float("-inf"))
+    if real is not None:
+        scores = scores.masked_fill(~real[:, None, None, :], float("-inf"))
+    return scores
+
+
 def _encoder_layers(model: nn.Module) -> List[nn.Module]:
     """The layers of a BERT-style encoder (HFEncoderAdapter.LAYOUT in each), else []."""
     base = getattr(model, "base_model", model)
@@ -527,7 +715,8 @@ def _has(module: nn.Module, dotted: str) -> bool:
 
 def adapter_for(model: nn.Module) -> Adapter:
     """The adapter of a model: stabexp's own, one built on torch.nn.Transformer, or a Hugging
-    Face GPT-2 / Llama-style decoder; else of the one child of the model that is one of those (a
+    Face model one of the HF adapters knows (a GPT-2 / Llama-style decoder, OPT, a BERT-style
+    encoder, BART / Marian, T5 / mT5); else of the one child of the model that is one of those (a
     LightningModule holding its network as `self.model`, say); a TypeError naming what to write
     otherwise."""
     if isinstance(model, Adapter):
@@ -547,8 +736,9 @@ def _known_adapter(model: nn.Module) -> Optional[Adapter]:
     if hasattr(model, "residuals") and hasattr(model, "features"):
         return StabexpAdapter(model)
     if hasattr(model, "config") and getattr(model.config, "model_type", None) is not None:
-        if HFSeq2SeqAdapter.knows(model):
-            return HFSeq2SeqAdapter(model)
+        for adapter in (HFSeq2SeqAdapter, HFT5Adapter, HFOPTAdapter):
+            if adapter.knows(model):
+                return adapter(model)
         return HFEncoderAdapter(model) if _encoder_layers(model) else HFDecoderAdapter(model)
     if any(isinstance(m, (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder)) for m in model.modules()):
         return TorchTransformerAdapter(model)

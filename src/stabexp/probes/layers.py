@@ -57,18 +57,33 @@ class SublayerStats(Probe):
     def measure(self, step: int) -> Rows:
         ctx, probe = self.ctx, self.layer_probe
         feats, ln_norms, max_logits, stream_norms, logits = probe.measure_pass(ctx.probe_batch)
-        with torch.no_grad():
-            log_z = log_z_stats(logits if logits is not None else ctx.model.logits(feats), ctx.probe_tokens)
+        log_z = self._log_z(logits, feats)
         total, per_sublayer = self.grads if self.grads is not None else probe.grad_norms()
         relative = probe.relative_updates() if self.moved else torch.full_like(per_sublayer, float("nan"))
         self.grads, self.moved = None, False
         host = to_host(total=total, update=model_update(feats, ctx.features_init, ctx.probe_tokens),
-                       log_z=log_z, grad=per_sublayer, ln=ln_norms, logit=max_logits, relative=relative,
-                       stream=stream_norms)
-        (grad_norm,), (update,), (log_z_mean, log_z_max) = host["total"], host["update"], host["log_z"]
+                       log_z=log_z if log_z is not None else feats.new_zeros(0), grad=per_sublayer,
+                       ln=ln_norms, logit=max_logits, relative=relative, stream=stream_norms)
+        (grad_norm,), (update,) = host["total"], host["update"]
+        log_z_mean, log_z_max = host["log_z"] or (None, None)  # empty cells where there are no logits
         sublayers = [{"grad_norm": g, "ln_input_norm": _cell(ln), "stream_norm": _cell(x),
                       "max_attn_logit": _cell(z), "relative_update": _cell(u)}
                      for g, ln, z, u, x in zip(host["grad"], host["ln"], host["logit"], host["relative"],
                                                host["stream"])]
         return Rows(metrics={"grad_norm": grad_norm, "model_update": update, "log_z_mean": log_z_mean,
                              "log_z_max": log_z_max}, sublayers=sublayers)
+
+    @torch.no_grad()
+    def _log_z(self, logits: Optional[torch.Tensor], feats: torch.Tensor) -> Optional[torch.Tensor]:
+        """(mean, max) of log Z over the probe batch's real positions. A head with one row of
+        logits per sequence (a classifier's (B, C)) is read over its sequences; a model that
+        gives no logits (a bare encoder or seq2seq body, T5Model) leaves both cells empty."""
+        ctx = self.ctx
+        if logits is None:
+            if not hasattr(ctx.model, "logits"):
+                return None
+            logits = ctx.model.logits(feats)
+        tokens = ctx.probe_tokens
+        if tokens is not None and logits.shape[:-1] != tokens.shape:
+            tokens = None
+        return log_z_stats(logits, tokens)
