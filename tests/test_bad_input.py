@@ -53,6 +53,7 @@ from conftest import one_line_error
     (["--bogus", "depth=2"], ["unrecognized arguments: --bogus", "--help"]),  # read by Hydra's own parser
     (["--cfg", "jobs"], ["--cfg", "'jobs'", "job"]),
     (["~depth"], ["~depth deletes depth", "depth=VALUE"]),
+    (["~seed"], ["~seed deletes seed", "seed=VALUE"]),
     (["hydra.sweeper.params={depth:2}"], ["hydra.sweeper.params={depth:2}", "-m KEY=A,B"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_main, args, words):
@@ -72,7 +73,10 @@ def test_bad_input_is_one_clear_line(stabexp_main, args, words):
     (["group=glob(*admin*)", "depth=choice(2,-1)"], ["depth=-1", ">= 1"]),
     (["group=glob(*)", "--cfg", "job"], ["--cfg", "-m"]),
     (["depth=range(2,2)"], ["depth=range(2,2) sweeps no value", "a < b"]),
+    (["depth=range(5,2)"], ["depth=range(5,2) sweeps no value", "a < b"]),
+    (["depth=range(2,4,-1)"], ["depth=range(2,4,-1) sweeps no value"]),
     (["depth=range(2,4,0)"], ["depth=range(2,4,0)", "must not be zero"]),
+    (['hydra.sweeper.params={depth: "2,3"}'], ["hydra.sweeper.params", "-m KEY=A,B"]),
 ])
 def test_a_sweep_form_with_a_bad_value_is_one_line(stabexp_main, args, words):
     r = stabexp_main("run", "-m", *args)

@@ -161,3 +161,18 @@ def test_help_with_overrides(stabexp_cli):
     one_line_error(stabexp_cli("run", "--help", "group=nope"), "group=nope", "postln")
     one_line_error(stabexp_cli("run", "--help", "group=postln,preln"), "add -m")
     assert not (stabexp_cli.outputs / "multirun").exists() and not (stabexp_cli.outputs / "runs").exists()
+
+
+def test_a_sweep_of_many_jobs_says_why_it_waits_before_the_first_starts(stabexp_main, monkeypatch):
+    """Hydra composes every job's config before the first starts (a 1,000-seed sweep: minutes):
+    from app.MANY_JOBS jobs on, one line says so first, with the count."""
+    from stabexp import app
+
+    monkeypatch.setattr(app, "MANY_JOBS", 3)
+    r = stabexp_main("run", "-m", *TINY, "train.steps=1", "probe.enabled=false", "seed=range(0,3)",
+                     "hydra/launcher=basic")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[0].startswith("stabexp: 3 jobs: Hydra composes the config of each")
+    r = stabexp_main("run", "-m", *TINY, "train.steps=1", "probe.enabled=false", "seed=range(0,2)",
+                     "hydra/launcher=basic")
+    assert r.returncode == 0 and "Hydra composes" not in r.stderr

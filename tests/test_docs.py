@@ -405,3 +405,18 @@ def test_make_bench_runs_the_benchmark_commands_the_docs_time():
     commands = [line.strip().replace("$(BIN)/", "") for line in recipe.splitlines() if line.strip()]
     shown = {c.split("#")[0].strip() for _, c, _ in COMMANDS}
     assert commands and all(c in shown for c in commands), commands
+
+
+def test_each_model_family_of_probes_md_names_a_test_that_exists():
+    """The table of model families in docs/probes.md: each test it names is a test of
+    tests/test_monitor.py, with the parameter id it gives."""
+    text = (ROOT / "docs" / "probes.md").read_text()
+    section = text[text.index("### The model families checked"):]
+    section = section[:section.index("\n\n", section.index("| family |"))]
+    named = re.findall(r"`(test_\w+)(?:\[([\w-]+)\])?`", section)
+    source = (ROOT / "tests" / "test_monitor.py").read_text()
+    assert len(named) >= 10
+    for name, param in named:
+        assert f"def {name}(" in source, name
+        if param:
+            assert f'"{param}"' in source, (name, param)

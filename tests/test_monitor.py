@@ -42,6 +42,26 @@ def _qwen3(layers=2):
                                         max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0))
 
 
+def _mistral(layers=2):
+    """Llama's layout (Mistral's sliding window is wider than the probe's sequences)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    return MistralForCausalLM(MistralConfig(num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                            max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+
+
+def _qwen2(layers=2):
+    """Llama's layout with biases on q, k and v."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                        max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+
+
 def _neox(layers=2):
     """GPT-NeoX (Pythia's layout): attention and FFN in parallel from one stream, partial rotary."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
@@ -132,7 +152,8 @@ def logit_recorder(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("build", [_gpt2, _llama, _qwen3, _neox, _gptj], ids=["gpt2", "llama", "qwen3", "gpt_neox", "gptj"])
+@pytest.mark.parametrize("build", [_gpt2, _llama, _mistral, _qwen2, _qwen3, _neox, _gptj],
+                         ids=["gpt2", "llama", "mistral", "qwen2", "qwen3", "gpt_neox", "gptj"])
 def test_a_hugging_face_decoder_in_a_plain_loop(build, tmp_path, logit_recorder):
     """50 steps of a 4-layer GPT-2 (a 2-layer Llama with grouped-query attention and RoPE; a Qwen3,
     the same with q and k normalised per head; a GPT-NeoX and a GPT-J, their branches in parallel): the
@@ -187,21 +208,24 @@ def test_a_hugging_face_decoder_in_a_plain_loop(build, tmp_path, logit_recorder)
     assert last[last.sublayer == "self_attn"].max_attn_logit.tolist() == pytest.approx(logit_recorder, rel=1e-4)
 
 
-def test_a_bert_encoder_in_a_plain_loop(tmp_path):
-    """10 masked-LM steps of a 2-layer BERT (Post-LN, not causal) with a padded probe batch: the
-    per-sublayer gradient norms, each LayerNorm's input norm and each attention's largest logit
-    over the real tokens, equal to their computation by hand on the same step."""
-    from transformers import BertConfig, BertForMaskedLM
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_a_bert_encoder_in_a_plain_loop(family, tmp_path):
+    """10 masked-LM steps of a 2-layer BERT (RoBERTa; Post-LN, not causal) with a padded probe
+    batch: the per-sublayer gradient norms, each LayerNorm's input norm and each attention's
+    largest logit over the real tokens, equal to their computation by hand on the same step."""
+    import transformers as t
 
     torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                       intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=32))
+    sizes = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                 vocab_size=VOCAB, max_position_embeddings=T + 2)  # RoBERTa's positions start after its pad id
+    model = (t.BertForMaskedLM(t.BertConfig(**sizes)) if family == "bert"
+             else t.RobertaForMaskedLM(t.RobertaConfig(**sizes)))
     mask = torch.ones(4, T, dtype=torch.long)
     mask[1, T // 2:] = 0  # a padded probe sequence
     probe = {"input_ids": _tokens(4, T, seed=1), "attention_mask": mask}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     monitor = Monitor(model, probe, tmp_path / "bert", optimizer=optimizer, steps=10)
-    layers = model.bert.encoder.layer
+    layers = model.base_model.encoder.layer
     by_hand = {}
     for step in range(1, 11):
         tokens = _tokens(8, T, seed=10 + step)
@@ -646,6 +670,33 @@ def test_a_torch_nn_transformer_in_a_plain_loop(norm_first, tmp_path):
     assert rows.max_attn_logit.notna().tolist() == [s != "ffn" for s in rows.sublayer]
     same = (rows.ln_input_norm - rows.stream_norm).abs() < 1e-6
     assert same.all() if norm_first else not same.any()
+
+
+def test_the_logits_of_a_forward_that_returns_a_dict_are_its_logits_entry(tmp_path):
+    """A model whose forward returns {"logits": ..., ...}: log Z is read from that entry."""
+
+    class DictOutput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+            self.body, self.head = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), nn.Linear(16, 7)
+
+        def forward(self, x):
+            hidden = self.body(x)
+            return {"logits": self.head(hidden), "hidden": hidden}
+
+    torch.manual_seed(0)
+    model, probe = DictOutput(), torch.randn(2, 5, 16)
+    monitor = Monitor(model, probe, tmp_path)
+    model(torch.randn(4, 5, 16))["logits"].pow(2).mean().backward()
+    monitor.step()
+    monitor.close()
+    model.eval()
+    with torch.no_grad():
+        by_hand = torch.logsumexp(model(probe)["logits"], dim=-1)
+    last = pd.read_csv(tmp_path / "metrics.csv").iloc[-1]
+    assert last.log_z_mean == pytest.approx(by_hand.mean().item(), rel=1e-5)
+    assert last.log_z_max == pytest.approx(by_hand.max().item(), rel=1e-5)
 
 
 def test_on_stabexps_own_model_the_monitor_writes_what_stabexp_run_writes(make_cfg, tmp_path):

@@ -126,6 +126,18 @@ def test_a_run_in_two_sweep_folders_is_one_run_of_its_cell(make_cfg, tmp_path):
     assert "n=2" not in admin and "(" in admin
 
 
+def test_a_run_of_one_config_at_other_threads_is_counted_once_and_the_threads_said(make_cfg, tmp_path):
+    """The same config at 1 and 2 torch threads: other numbers (docs/scale.md). The report counts
+    the cell once and says which threads each ran at, and whose numbers it shows."""
+    train(make_cfg("group=admin", "depth=1", "train.steps=3", "train.threads=1"), tmp_path / "a" / "admin1")
+    shutil.copytree(tmp_path / "a" / "admin1", tmp_path / "b" / "admin1")
+    summary = tmp_path / "b" / "admin1" / "summary.json"
+    summary.write_text(summary.read_text().replace('"threads": 1', '"threads": 2'))
+    lines = sweep_table(tmp_path).splitlines()
+    assert ("- b/admin1 (same config as a/admin1; it ran at 2 thread(s), a/admin1 at 1: the same config at "
+            "other threads gives other numbers, and the table shows the latter's)") in lines
+
+
 def test_grid_counts_compare_with_pre_ln_of_the_same_preset():
     import pandas as pd
 

@@ -37,6 +37,11 @@ log = logging.getLogger("stabexp")
 RECORD_HYDRA = "hydra.output_subdir=null"
 
 
+# From this many jobs on, the wait before the first one starts is said (a sweep of 1,000 seeds:
+# three minutes here, in silence otherwise).
+MANY_JOBS = 100
+
+
 def main(args: List[str]) -> int:
     """`stabexp run ARGS`: the command line checked (stabexp.preflight), then the Hydra app."""
     if not distributed.launched():
@@ -69,6 +74,10 @@ def _run(args: List[str], checked=None) -> int:
         return 2
     overrides, extra = [*checked.overrides, *checked.hydra_overrides], []
     multirun = checked.multirun and not checked.wants_help
+    if multirun and checked.jobs >= MANY_JOBS and distributed.is_rank0():
+        # Hydra's sweeper composes every job's config before the launcher sees the first one.
+        print(f"stabexp: {checked.jobs} jobs: Hydra composes the config of each (and the launcher again) "
+              "before the first starts, a fraction of a second each", file=sys.stderr, flush=True)
     if checked.wants_help:
         # Hydra composes its help as one run, where a sweep is an error: the config without the swept keys.
         swept = sweeps(checked.overrides)

@@ -119,10 +119,12 @@ def _call(model: nn.Module, batch) -> Any:
 
 
 def _logits_of(output) -> Optional[torch.Tensor]:
-    """The logits in a model's output: a Hugging Face output's `.logits`, a tensor, or the first
-    tensor of a tuple."""
+    """The logits in a model's output: a Hugging Face output's `.logits`, a dict's "logits", a
+    tensor, or the first tensor of a tuple."""
     if hasattr(output, "logits"):
         return output.logits
+    if isinstance(output, dict):
+        return output.get("logits")
     if isinstance(output, torch.Tensor):
         return output
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
