@@ -353,15 +353,11 @@ class HFDecoderAdapter(Adapter):
             output = self.model(**inputs, output_hidden_states=True)
         return output.hidden_states[-1], output.logits
 
-    def _mask(self, batch) -> Optional[torch.Tensor]:
-        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
-        return mask.bool() if mask is not None else None
-
     def token_masks(self, batch):
-        return {"decoder": self._mask(batch)}
+        return {"decoder": _attention_mask(batch)}
 
     def feature_mask(self, batch):
-        return self._mask(batch)
+        return _attention_mask(batch)
 
 
 class HFOPTAdapter(Adapter):
@@ -416,7 +412,7 @@ class HFOPTAdapter(Adapter):
 
     def probe_pass(self, batch):
         inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
-        self.keep = self._mask(batch)
+        self.keep = _attention_mask(batch)
         try:
             with eval_mode(self.model):
                 output = self.model(**inputs, output_hidden_states=True)
@@ -424,15 +420,11 @@ class HFOPTAdapter(Adapter):
             self.keep = None
         return output.hidden_states[-1], _logits_of(output)
 
-    def _mask(self, batch) -> Optional[torch.Tensor]:
-        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
-        return mask.bool() if mask is not None else None
-
     def token_masks(self, batch):
-        return {"decoder": self._mask(batch)}
+        return {"decoder": _attention_mask(batch)}
 
     def feature_mask(self, batch):
-        return self._mask(batch)
+        return _attention_mask(batch)
 
 
 class HFEncoderAdapter(Adapter):
@@ -472,17 +464,12 @@ class HFEncoderAdapter(Adapter):
         hidden = args[0] if args else kwargs["hidden_states"]
         shape = (*hidden.shape[:-1], -1, attn.attention_head_size)
         q, k = (proj(hidden).view(shape).transpose(1, 2) for proj in (attn.query, attn.key))
-        scores = q @ k.transpose(-1, -2) * attn.scaling
-        if getattr(attn, "is_causal", False):  # BertLMHeadModel, RobertaForCausalLM: is_decoder
-            t = scores.shape[-1]
-            scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
-        if self.keep is not None:
-            scores = scores.masked_fill(~self.keep[:, None, None, :], float("-inf"))
-        return scores.amax()
+        # Causal in BertLMHeadModel, RobertaForCausalLM (is_decoder).
+        return _allowed(q @ k.transpose(-1, -2) * attn.scaling, getattr(attn, "is_causal", False), self.keep).amax()
 
     def probe_pass(self, batch):
         inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
-        self.keep = self._mask(batch)
+        self.keep = _attention_mask(batch)
         try:
             with eval_mode(self.model):
                 output = self.model(**inputs, output_hidden_states=True)
@@ -490,15 +477,11 @@ class HFEncoderAdapter(Adapter):
             self.keep = None
         return output.hidden_states[-1], _logits_of(output)
 
-    def _mask(self, batch) -> Optional[torch.Tensor]:
-        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
-        return mask.bool() if mask is not None else None
-
     def token_masks(self, batch):
-        return {"encoder": self._mask(batch)}
+        return {"encoder": _attention_mask(batch)}
 
     def feature_mask(self, batch):
-        return self._mask(batch)
+        return _attention_mask(batch)
 
 
 class HFSeq2SeqAdapter(Adapter):
@@ -554,15 +537,7 @@ class HFSeq2SeqAdapter(Adapter):
             source = hidden if source is None else source
             q = attn.q_proj(hidden).unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2)
             k = attn.k_proj(source).unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2)
-            scores = q @ k.transpose(-1, -2) * attn.scaling
-            if causal:
-                t = scores.shape[-1]
-                scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=scores.device).triu(1),
-                                            float("-inf"))
-            real = self.keep.get(keys)
-            if real is not None:
-                scores = scores.masked_fill(~real[:, None, None, :], float("-inf"))
-            return scores.amax()
+            return _allowed(q @ k.transpose(-1, -2) * attn.scaling, causal, self.keep.get(keys)).amax()
         return logits
 
     def probe_pass(self, batch):
@@ -687,6 +662,12 @@ def _opt_layers(model: nn.Module) -> List[nn.Module]:
     base = getattr(model, "base_model", model)
     layers = list(getattr(getattr(base, "decoder", None), "layers", None) or [])
     return layers if layers and all(_has(layer, part) for layer in layers for part in HFOPTAdapter.LAYOUT) else []
+
+
+def _attention_mask(batch) -> Optional[torch.Tensor]:
+    """The real tokens of a batch given as a dict with an attention_mask, else None (all real)."""
+    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+    return mask.bool() if mask is not None else None
 
 
 def _allowed(scores: torch.Tensor, causal: bool, real: Optional[torch.Tensor]) -> torch.Tensor:
