@@ -267,7 +267,7 @@ def test_a_bert_encoder_in_a_plain_loop(family, tmp_path):
 def test_log_z_of_a_classifier_is_over_its_sequences_and_a_model_without_logits_leaves_it_empty(tmp_path):
     """A sequence classifier's head gives one row of logits per sequence (B, C): log Z is read over
     the probe batch's sequences (equal to logsumexp by hand); a body without a head (BertModel,
-    T5Model) gives no logits: its log Z cells are empty, every other column is written."""
+    GPT2Model, T5Model) gives no logits: its log Z cells are empty, every other column is written."""
     from transformers import BertConfig, BertForSequenceClassification, BertModel, T5Config, T5Model
 
     torch.manual_seed(0)
@@ -292,7 +292,11 @@ def test_log_z_of_a_classifier_is_over_its_sequences_and_a_model_without_logits_
     assert last.step == 3 and last.log_z_mean == pytest.approx(by_hand.mean().item(), rel=1e-5)
     assert last.log_z_max == pytest.approx(by_hand.max().item(), rel=1e-5)
 
+    from transformers import GPT2Model
+
     bodies = {"bert_body": (BertModel(BertConfig(**bert)), probe),
+              "gpt2_body": (GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32)),
+                            {"input_ids": _tokens(4, T, seed=1)}),
               "t5_body": (T5Model(T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)),
                           {"input_ids": _tokens(4, T, seed=1), "decoder_input_ids": _tokens(4, T, seed=2)})}
     for name, (body, batch) in bodies.items():

@@ -351,7 +351,7 @@ class HFDecoderAdapter(Adapter):
         inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
         with eval_mode(self.model):
             output = self.model(**inputs, output_hidden_states=True)
-        return output.hidden_states[-1], output.logits
+        return output.hidden_states[-1], _logits_of(output)
 
     def token_masks(self, batch):
         return {"decoder": _attention_mask(batch)}
