@@ -239,8 +239,11 @@ class LayerProbe:
             def hook(module, args, *out):
                 x = out[0] if output else args[0]
                 norms = torch.linalg.vector_norm(x.detach(), dim=-1)
-                # In the batch's (B, T) shape: a layer may flatten its tokens (OPT's FFN takes (B*T, d)).
-                into[i] = token_mean(norms if real is None else norms.reshape(real.shape), real)
+                # A layer may hand on its tokens flattened (OPT's FFN takes (B*T, d)): back in the
+                # batch's (B, T) shape. Only a flat one is reshaped, so that a (T, B) one fails.
+                if real is not None and norms.dim() == 1:
+                    norms = norms.view(real.shape)
+                into[i] = token_mean(norms, real)
             return hook
 
         def largest_logit(i: int, logits: Callable):
