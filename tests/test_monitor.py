@@ -1125,3 +1125,15 @@ def test_a_model_no_adapter_knows_is_one_line_naming_the_adapter_to_write(family
     with pytest.raises(TypeError, match=re.escape(f"({family})") + ".*write a stabexp.probes.adapters.Adapter for it"):
         Monitor(build(), {"input_ids": _tokens(1, 4)}, tmp_path / family)
     assert not (tmp_path / family).exists()
+
+
+def test_a_t5_probe_batch_of_input_ids_alone_is_refused_in_one_line(tmp_path):
+    """T5, unlike BART, makes no decoder inputs of the input ids: a tensor probe batch is refused
+    when the monitor is built, in one line that says what to give."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                                num_heads=2))
+    with pytest.raises(TypeError, match="a T5 probe batch is a dict of the model's inputs") as raised:
+        Monitor(model, _tokens(2, T), tmp_path / "t5")
+    assert "\n" not in str(raised.value)

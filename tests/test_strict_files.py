@@ -135,7 +135,7 @@ def test_a_run_of_one_config_at_other_threads_is_counted_once_and_the_threads_sa
     summary.write_text(summary.read_text().replace('"threads": 1', '"threads": 2'))
     lines = sweep_table(tmp_path).splitlines()
     assert ("- b/admin1 (same config as a/admin1; it ran at 2 thread(s), a/admin1 at 1: the same config at "
-            "other threads gives other numbers, and the table shows the latter's)") in lines
+            "other threads gives other numbers, and the table shows a/admin1's)") in lines
 
 
 def test_grid_counts_compare_with_pre_ln_of_the_same_preset():

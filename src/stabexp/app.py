@@ -74,9 +74,9 @@ def _run(args: List[str], checked=None) -> int:
         return 2
     overrides, extra = [*checked.overrides, *checked.hydra_overrides], []
     multirun = checked.multirun and not checked.wants_help
-    if multirun and checked.jobs >= MANY_JOBS and distributed.is_rank0():
+    if multirun and checked.job_count >= MANY_JOBS and distributed.is_rank0():
         # Hydra's sweeper composes every job's config before the launcher sees the first one.
-        print(f"stabexp: {checked.jobs} jobs: Hydra composes the config of each (and the launcher again) "
+        print(f"stabexp: {checked.job_count} jobs: Hydra composes the config of each (and the launcher again) "
               "before the first starts, a fraction of a second each", file=sys.stderr, flush=True)
     if checked.wants_help:
         # Hydra composes its help as one run, where a sweep is an error: the config without the swept keys.

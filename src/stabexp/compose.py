@@ -43,7 +43,7 @@ class Cells(NamedTuple):
     multirun: bool           # -m, or a preset that sets hydra.mode=MULTIRUN
     hydra: DictConfig        # the hydra node a job runs under (the command's hydra.* overrides applied)
     configs: List[DictConfig]  # the first cell, then each other value of each override in turn
-    jobs: int                # how many jobs the sweep is (1 for a single run)
+    job_count: int           # how many jobs the sweep runs (1 for a single run; 0 where a sweeper samples them)
 
 
 def sweep_cells(overrides: List[str], multirun: bool, config_dirs: List[Path] = (),
@@ -119,7 +119,7 @@ def sweep_cells(overrides: List[str], multirun: bool, config_dirs: List[Path] = 
                 for v in c[1:]:
                     combo = [*base[:i], v, *base[i + 1:]]
                     configs.append(_with_value(configs[0], parse([v])[0], groups) or compose_one(parsed, combo))
-            return Cells(multirun, hydra_cfg, configs, math.prod(len(c) for c in candidates))
+            return Cells(multirun, hydra_cfg, configs, 0 if sampled else math.prod(len(c) for c in candidates))
     finally:
         GlobalHydra.instance().clear()
 

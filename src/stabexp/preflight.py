@@ -52,7 +52,7 @@ def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = T
                     world: Optional[Tuple[int, bool]] = None) -> Tuple[bool, int]:
     """Compose and check the config for each value every override takes (stabexp.compose), on
     the processes each job will run on, and (prepare_data) fetch and check the data each
-    distinct task needs; raise ConfigError. Return whether the run is a multirun, and its jobs.
+    distinct task needs; raise ConfigError. Return whether the run is a multirun, and its job count.
     `hydra_overrides`: the command's hydra.* and hydra/... ones (the launcher among them: the
     processes a job runs on)."""
     from omegaconf import OmegaConf
@@ -76,7 +76,7 @@ def check_overrides(overrides: List[str], multirun: bool, prepare_data: bool = T
     if prepare_data:  # every value is good: now the data, once per task, before any job starts
         for cfg in tasks.values():
             prepare(cfg)
-    return cells.multirun, cells.jobs
+    return cells.multirun, cells.job_count
 
 
 def _world(hydra_cfg) -> Tuple[int, bool]:
@@ -102,7 +102,7 @@ class Checked(NamedTuple):
     multirun: bool                # -m, or a preset that sets hydra.mode=MULTIRUN
     wants_help: bool              # --help and Hydra's other informational flags
     config_dirs: List[Path]       # the user's config folders (--config-dir, hydra.searchpath)
-    jobs: int = 1                 # how many jobs the command runs
+    job_count: int = 1            # how many jobs the command runs (0: a sampling sweeper's, not known here)
 
 
 def preflight(args: List[str], prepare_data: bool = True, world: Optional[Tuple[int, bool]] = None) -> Checked:
@@ -119,10 +119,11 @@ def preflight(args: List[str], prepare_data: bool = True, world: Optional[Tuple[
     config_dirs = user_config_dirs(command.config_dir, hydra_overrides)
     launcher = [h for h in hydra_overrides if h.lstrip("+").startswith(("hydra/launcher", "hydra.launcher"))]
     _check_packing(launcher)
-    multirun, jobs = check_overrides(ours, command.multirun, config_dirs=config_dirs, hydra_overrides=hydra_overrides,
-                               world=world,
-                               prepare_data=prepare_data and not (command.cfg or wants_help))
-    return Checked(ours, hydra_overrides, flags_of(args, command.overrides), multirun, wants_help, config_dirs, jobs)
+    multirun, job_count = check_overrides(ours, command.multirun, config_dirs=config_dirs,
+                                          hydra_overrides=hydra_overrides, world=world,
+                                          prepare_data=prepare_data and not (command.cfg or wants_help))
+    return Checked(ours, hydra_overrides, flags_of(args, command.overrides), multirun, wants_help, config_dirs,
+                   job_count)
 
 
 def _check_packing(launcher: List[str]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import pandas as pd
 
@@ -271,19 +271,19 @@ def distinct_runs(tables: Tables, root: Path) -> Tuple[Tables, List[str]]:
     left_out = set(repeats.run)
     kept = Tables({name: frame[~frame.run.isin(left_out)].reset_index(drop=True) if "run" in frame else frame
                    for name, frame in tables.items()})
-    threads = {run: (read_summary(root / run) or {}).get("threads") for run in keyed.run}
     return kept, ["Counted once (a run with the config of another run here is left out for it):",
-                  *(f"- {r.run} (same config as {shown[r.config]}{_other_threads(threads, r.run, shown[r.config])})"
+                  *(f"- {r.run} (same config as {shown[r.config]}{_other_threads(root, r.run, shown[r.config])})"
                     for r in repeats.sort_values("run").itertuples()), ""]
 
 
-def _other_threads(threads: Dict[str, Optional[int]], run: str, kept: str) -> str:
+def _other_threads(root: Path, run: str, kept: str) -> str:
     """Where two runs of one config ran at different torch thread counts, their numbers differ
     by rounding and from there on (docs/scale.md, "How many at once"): said, not hidden."""
-    if threads[run] is None or threads[kept] is None or threads[run] == threads[kept]:
+    ran, kept_ran = ((read_summary(root / r) or {}).get("threads") for r in (run, kept))
+    if ran is None or kept_ran is None or ran == kept_ran:
         return ""
-    return (f"; it ran at {threads[run]} thread(s), {kept} at {threads[kept]}: the same config at other "
-            "threads gives other numbers, and the table shows the latter's")
+    return (f"; it ran at {ran} thread(s), {kept} at {kept_ran}: the same config at other threads gives "
+            f"other numbers, and the table shows {kept}'s")
 
 
 def config_key(folder: Path) -> str:

@@ -86,7 +86,8 @@ def reference_features(adapter, batch) -> torch.Tensor:
 
 def log_z_stats(logits: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(mean, max) over the (real) positions of log Z = logsumexp_j y_j, the output logits'
-    normaliser (Wortsman et al. 2023, Sec. 3.1.2: output logit divergence). logits (B, T, V)."""
+    normaliser (Wortsman et al. 2023, Sec. 3.1.2: output logit divergence). logits (B, T, V), or a
+    classifier's (B, C) with tokens None."""
     values = log_z(logits)
     peak = values.amax() if tokens is None else values.masked_fill(~tokens, float("-inf")).amax()
     return torch.stack([token_mean(values, tokens), peak])
@@ -239,10 +240,15 @@ class LayerProbe:
             def hook(module, args, *out):
                 x = out[0] if output else args[0]
                 norms = torch.linalg.vector_norm(x.detach(), dim=-1)
-                # A layer may hand on its tokens flattened (OPT's FFN takes (B*T, d)): back in the
-                # batch's (B, T) shape. Only a flat one is reshaped, so that a (T, B) one fails.
-                if real is not None and norms.dim() == 1:
-                    norms = norms.view(real.shape)
+                if real is not None:
+                    # A layer may hand on its tokens flattened (OPT's FFN takes (B*T, d)): back in
+                    # the batch's (B, T) shape.
+                    if norms.dim() == 1 and norms.numel() == real.numel():
+                        norms = norms.view(real.shape)
+                    if norms.shape != real.shape:
+                        raise ValueError(f"{type(module).__name__}'s stream has its tokens as {tuple(norms.shape)} "
+                                         f"and the adapter's token mask is {tuple(real.shape)}: an adapter with "
+                                         "token masks needs batch-first streams (B, T, d)")
                 into[i] = token_mean(norms, real)
             return hook
 

@@ -227,7 +227,53 @@ class TorchTransformerAdapter(Adapter):
         return features, _logits_of(output)
 
 
-class HFDecoderAdapter(Adapter):
+class _HFAdapter(Adapter):
+    """What the Hugging Face adapters share: the batch is a dict of the model's inputs (or the
+    input ids), each stack's real tokens are the batch's mask of it (`MASKS`), kept in `keep`
+    during the probe pass for the attention-logit hooks, and the probe pass is the model's
+    forward in eval mode with its hidden states."""
+
+    MASKS: Dict[str, str] = {"decoder": "attention_mask"}  # stack -> the batch's key of its real tokens
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.keep: Dict[str, Optional[torch.Tensor]] = {}  # each stack's real tokens, during the probe pass
+
+    def inputs(self, batch) -> Dict[str, Any]:
+        return batch if isinstance(batch, dict) else {"input_ids": batch}
+
+    def features(self, output) -> torch.Tensor:
+        """F(x, theta) from the model's output."""
+        return output.hidden_states[-1]
+
+    def probe_pass(self, batch):
+        inputs = self.inputs(batch)
+        self.keep = self.token_masks(batch)
+        try:
+            with eval_mode(self.model):
+                output = self.model(**inputs, output_hidden_states=True)
+        finally:
+            self.keep = {}
+        return self.features(output), _logits_of(output)
+
+    def token_masks(self, batch):
+        batch = batch if isinstance(batch, dict) else {}
+        return {stack: batch[key].bool() if batch.get(key) is not None else None for stack, key in self.MASKS.items()}
+
+    def feature_mask(self, batch):
+        return self.token_masks(batch)[list(self.MASKS)[-1]]
+
+
+class _HFEncoderDecoder(_HFAdapter):
+    """An encoder-decoder's: each stack's mask, F(x, theta) the decoder's last hidden state."""
+
+    MASKS = {"encoder": "attention_mask", "decoder": "decoder_attention_mask"}
+
+    def features(self, output) -> torch.Tensor:
+        return output.decoder_hidden_states[-1]
+
+
+class HFDecoderAdapter(_HFAdapter):
     """A Hugging Face transformers decoder-only model (built from a config or loaded): GPT-2
     (`transformer.h[i]`: ln_1, attn, ln_2, mlp), GPT-NeoX (Pythia; `gpt_neox.layers[i]`:
     input_layernorm, attention, post_attention_layernorm, mlp, the two branches in parallel or
@@ -257,10 +303,9 @@ class HFDecoderAdapter(Adapter):
         self.blocks = blocks
         what = f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
         if self.kind is None:
-            raise TypeError(f"{what} is not laid out as GPT-2 ({', '.join(layouts['gpt2'])}), Llama "
-                            f"({', '.join(layouts['llama'])}), GPT-NeoX ({', '.join(layouts['gpt_neox'])}) or GPT-J "
-                            f"({', '.join(layouts['gptj'])}) in each layer: write a stabexp.probes.adapters.Adapter "
-                            "for it and pass adapter= (docs/probes.md, 'Adapters')")
+            raise TypeError(f"{what} is laid out as none of the Hugging Face families the adapters know (GPT-2, "
+                            "Llama, GPT-NeoX, GPT-J, OPT, BERT, BART, Marian, T5; docs/probes.md, 'Adapters'): write "
+                            "a stabexp.probes.adapters.Adapter for it and pass adapter=")
         if self.kind == "llama" and any(hasattr(blocks[0], n) for n in ("pre_feedforward_layernorm",
                                                                         "post_feedforward_layernorm")):
             raise TypeError(f"{what} normalises each branch's output too (Gemma's layout), so its norms are not "
@@ -347,25 +392,14 @@ class HFDecoderAdapter(Adapter):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)  # on the first rotary_ndims of each head
         return max_attention_logit(q, k, True, scale=attn.scaling)
 
-    def probe_pass(self, batch):
-        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
-        with eval_mode(self.model):
-            output = self.model(**inputs, output_hidden_states=True)
-        return output.hidden_states[-1], _logits_of(output)
 
-    def token_masks(self, batch):
-        return {"decoder": _attention_mask(batch)}
-
-    def feature_mask(self, batch):
-        return _attention_mask(batch)
-
-
-class HFOPTAdapter(Adapter):
+class HFOPTAdapter(_HFAdapter):
     """A Hugging Face transformers OPT decoder (OPTForCausalLM, OPTModel; `model.decoder.layers[i]`:
     self_attn (q_proj, k_proj, v_proj, out_proj), self_attn_layer_norm, fc1, fc2,
     final_layer_norm), in either placement its config's `do_layer_norm_before` says. True (the
     Pre-LN placement of most OPT sizes): each LayerNorm takes the stream entering its sublayer,
-    and the decoder ends with its own final_layer_norm. False (the Post-LN placement OPT-350m is
+    and the decoder ends with its own final_layer_norm (unless its config's
+    _remove_final_layer_norm says otherwise). False (the Post-LN placement OPT-350m is
     built with): each LayerNorm takes x + G(x), the stream entering the self-attention is the
     layer's input and the one entering the FFN the self-attention's LayerNorm output, and the
     decoder has no final norm. F(x, theta) is the last hidden state the model returns, the
@@ -383,7 +417,6 @@ class HFOPTAdapter(Adapter):
         super().__init__(model)
         self.layers = _opt_layers(model)
         self.pre_ln = bool(getattr(model.config, "do_layer_norm_before", True))
-        self.keep: Optional[torch.Tensor] = None  # the probe batch's real tokens, during the probe pass
 
     @classmethod
     def knows(cls, model: nn.Module) -> bool:
@@ -408,26 +441,10 @@ class HFOPTAdapter(Adapter):
         shape = (*hidden.shape[:-1], -1, attn.head_dim)
         q = (attn.q_proj(hidden) * attn.scaling).view(shape).transpose(1, 2)  # scaled as the model scales it
         k = attn.k_proj(hidden).view(shape).transpose(1, 2)
-        return _allowed(q @ k.transpose(-1, -2), True, self.keep).amax()
-
-    def probe_pass(self, batch):
-        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
-        self.keep = _attention_mask(batch)
-        try:
-            with eval_mode(self.model):
-                output = self.model(**inputs, output_hidden_states=True)
-        finally:
-            self.keep = None
-        return output.hidden_states[-1], _logits_of(output)
-
-    def token_masks(self, batch):
-        return {"decoder": _attention_mask(batch)}
-
-    def feature_mask(self, batch):
-        return _attention_mask(batch)
+        return _allowed(q @ k.transpose(-1, -2), True, self.keep.get("decoder")).amax()
 
 
-class HFEncoderAdapter(Adapter):
+class HFEncoderAdapter(_HFAdapter):
     """A Hugging Face transformers encoder-only model laid out as BERT (BERT, RoBERTa and their
     heads; `encoder.layer[i]`: attention.self (query, key, value), attention.output (dense,
     LayerNorm), intermediate, output (dense, LayerNorm)). Post-LN: the stream entering the
@@ -440,6 +457,7 @@ class HFEncoderAdapter(Adapter):
 
     LAYOUT = ("attention.self.query", "attention.self.key", "attention.output.LayerNorm", "intermediate.dense",
               "output.dense", "output.LayerNorm")
+    MASKS = {"encoder": "attention_mask"}
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -448,7 +466,6 @@ class HFEncoderAdapter(Adapter):
             raise TypeError(f"{type(model).__name__} adds relative positions to its attention scores, which the "
                             "logits here would leave out: write a stabexp.probes.adapters.Adapter for it and pass "
                             "adapter= (docs/probes.md, 'Adapters')")
-        self.keep: Optional[torch.Tensor] = None  # the probe batch's real tokens, during the probe pass
 
     def sublayers(self) -> List[Sublayer]:
         found = []
@@ -465,26 +482,11 @@ class HFEncoderAdapter(Adapter):
         shape = (*hidden.shape[:-1], -1, attn.attention_head_size)
         q, k = (proj(hidden).view(shape).transpose(1, 2) for proj in (attn.query, attn.key))
         # Causal in BertLMHeadModel, RobertaForCausalLM (is_decoder).
-        return _allowed(q @ k.transpose(-1, -2) * attn.scaling, getattr(attn, "is_causal", False), self.keep).amax()
-
-    def probe_pass(self, batch):
-        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
-        self.keep = _attention_mask(batch)
-        try:
-            with eval_mode(self.model):
-                output = self.model(**inputs, output_hidden_states=True)
-        finally:
-            self.keep = None
-        return output.hidden_states[-1], _logits_of(output)
-
-    def token_masks(self, batch):
-        return {"encoder": _attention_mask(batch)}
-
-    def feature_mask(self, batch):
-        return _attention_mask(batch)
+        return _allowed(q @ k.transpose(-1, -2) * attn.scaling, getattr(attn, "is_causal", False),
+                        self.keep.get("encoder")).amax()
 
 
-class HFSeq2SeqAdapter(Adapter):
+class HFSeq2SeqAdapter(_HFEncoderDecoder):
     """A Hugging Face transformers encoder-decoder laid out as BART and Marian (the fairseq
     Transformer's Post-LN layout, the papers' kind of model; `model.encoder.layers[i]`:
     self_attn, self_attn_layer_norm, fc1, fc2, final_layer_norm, and in the decoder's layers
@@ -504,7 +506,6 @@ class HFSeq2SeqAdapter(Adapter):
         super().__init__(model)
         base = getattr(model, "base_model", model)
         self.stacks = [("encoder", list(base.encoder.layers)), ("decoder", list(base.decoder.layers))]
-        self.keep: Dict[str, Optional[torch.Tensor]] = {}  # each stack's real tokens, during the probe pass
 
     @classmethod
     def knows(cls, model: nn.Module) -> bool:
@@ -540,26 +541,8 @@ class HFSeq2SeqAdapter(Adapter):
             return _allowed(q @ k.transpose(-1, -2) * attn.scaling, causal, self.keep.get(keys)).amax()
         return logits
 
-    def probe_pass(self, batch):
-        self.keep = self.token_masks(batch)
-        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}  # BART shifts them into the decoder's
-        try:
-            with eval_mode(self.model):
-                output = self.model(**inputs, output_hidden_states=True)
-        finally:
-            self.keep = {}
-        return output.decoder_hidden_states[-1], _logits_of(output)
 
-    def token_masks(self, batch):
-        batch = batch if isinstance(batch, dict) else {}
-        return {stack: batch[key].bool() if batch.get(key) is not None else None
-                for stack, key in (("encoder", "attention_mask"), ("decoder", "decoder_attention_mask"))}
-
-    def feature_mask(self, batch):
-        return self.token_masks(batch)["decoder"]
-
-
-class HFT5Adapter(Adapter):
+class HFT5Adapter(_HFEncoderDecoder):
     """A Hugging Face transformers T5 encoder-decoder (T5ForConditionalGeneration, T5Model, and by
     the same code mT5 and T5 v1.1, whose FFN is gated: DenseReluDense.wi_0, wi_1). Each block of
     `encoder.block` and `decoder.block` holds its sub-layers in `layer`: layer[0] the
@@ -583,11 +566,16 @@ class HFT5Adapter(Adapter):
 
     KINDS = ("t5", "mt5")  # UMT5 (a position bias in every block), LongT5 (local attention) are not
 
+    def inputs(self, batch) -> Dict[str, Any]:
+        if not isinstance(batch, dict):  # T5 makes no decoder inputs of the input ids, as BART does
+            raise TypeError("a T5 probe batch is a dict of the model's inputs: input_ids and decoder_input_ids "
+                            "(or labels), with their attention masks where padded")
+        return batch
+
     def __init__(self, model: nn.Module):
         super().__init__(model)
         base = getattr(model, "base_model", model)
         self.stacks = [("encoder", list(base.encoder.block)), ("decoder", list(base.decoder.block))]
-        self.keep: Dict[str, Optional[torch.Tensor]] = {}  # each stack's real tokens, during the probe pass
 
     @classmethod
     def knows(cls, model: nn.Module) -> bool:
@@ -638,36 +626,12 @@ class HFT5Adapter(Adapter):
             return _allowed(scores, causal, self.keep.get(keys)).amax()
         return logits
 
-    def probe_pass(self, batch):
-        self.keep = self.token_masks(batch)
-        inputs = batch if isinstance(batch, dict) else {"input_ids": batch}
-        try:
-            with eval_mode(self.model):
-                output = self.model(**inputs, output_hidden_states=True)
-        finally:
-            self.keep = {}
-        return output.decoder_hidden_states[-1], _logits_of(output)
-
-    def token_masks(self, batch):
-        batch = batch if isinstance(batch, dict) else {}
-        return {stack: batch[key].bool() if batch.get(key) is not None else None
-                for stack, key in (("encoder", "attention_mask"), ("decoder", "decoder_attention_mask"))}
-
-    def feature_mask(self, batch):
-        return self.token_masks(batch)["decoder"]
-
 
 def _opt_layers(model: nn.Module) -> List[nn.Module]:
     """The layers of an OPT decoder (HFOPTAdapter.LAYOUT in each), else []."""
     base = getattr(model, "base_model", model)
     layers = list(getattr(getattr(base, "decoder", None), "layers", None) or [])
     return layers if layers and all(_has(layer, part) for layer in layers for part in HFOPTAdapter.LAYOUT) else []
-
-
-def _attention_mask(batch) -> Optional[torch.Tensor]:
-    """The real tokens of a batch given as a dict with an attention_mask, else None (all real)."""
-    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
-    return mask.bool() if mask is not None else None
 
 
 def _allowed(scores: torch.Tensor, causal: bool, real: Optional[torch.Tensor]) -> torch.Tensor:

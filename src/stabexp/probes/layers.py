@@ -83,7 +83,5 @@ class SublayerStats(Probe):
             if not hasattr(ctx.model, "logits"):
                 return None
             logits = ctx.model.logits(feats)
-        tokens = ctx.probe_tokens
-        if tokens is not None and logits.shape[:-1] != tokens.shape:
-            tokens = None
-        return log_z_stats(logits, tokens)
+        # A classifier's (B, C): one row per sequence, whatever its tokens.
+        return log_z_stats(logits, None if logits.dim() == 2 else ctx.probe_tokens)
