@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn as nn
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from stabexp.monitor import Monitor
 
@@ -25,41 +25,34 @@ def _gpt2(layers=4):
                                       bos_token_id=0, eos_token_id=0))
 
 
-def _llama(layers=2):
+def _llama_layout(family: str, layers: int = 2, **extra):
+    """A 2-layer decoder of Llama's layout with grouped-query attention: Llama; Mistral (its
+    sliding window wider than the probe's sequences); Qwen2 (biases on q, k and v); Qwen3 (q and
+    k normalised per head, q_norm and k_norm, before the rotation)."""
+    import transformers as t
+
+    config, model = {"llama": (t.LlamaConfig, t.LlamaForCausalLM), "mistral": (t.MistralConfig, t.MistralForCausalLM),
+                     "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM), "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM)}[family]
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
-                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                        max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    return model(config(num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=32, bos_token_id=0,
+                        eos_token_id=0, pad_token_id=0, **extra))
+
+
+def _llama(layers=2):
+    return _llama_layout("llama", layers)
 
 
 def _qwen3(layers=2):
-    """Llama's layout with q and k normalised per head (q_norm, k_norm) before the rotation."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
-                                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=VOCAB,
-                                        max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    return _llama_layout("qwen3", layers, head_dim=8)
 
 
 def _mistral(layers=2):
-    """Llama's layout (Mistral's sliding window is wider than the probe's sequences)."""
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(0)
-    return MistralForCausalLM(MistralConfig(num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
-                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                            max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    return _llama_layout("mistral", layers)
 
 
 def _qwen2(layers=2):
-    """Llama's layout with biases on q, k and v."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
-                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                        max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    return _llama_layout("qwen2", layers)
 
 
 def _neox(layers=2):

@@ -265,9 +265,21 @@ class _HFAdapter(Adapter):
 
 
 class _HFEncoderDecoder(_HFAdapter):
-    """An encoder-decoder's: each stack's mask, F(x, theta) the decoder's last hidden state."""
+    """An encoder-decoder's: its stacks' blocks (`encoder.BLOCKS`, `decoder.BLOCKS`), each
+    stack's mask, F(x, theta) the decoder's last hidden state."""
 
+    BLOCKS = "layers"  # the attribute of each stack that lists its blocks
     MASKS = {"encoder": "attention_mask", "decoder": "decoder_attention_mask"}
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.stacks = list(zip(("encoder", "decoder"), self.blocks_of(model)))
+
+    @classmethod
+    def blocks_of(cls, model: nn.Module) -> Tuple[List[nn.Module], List[nn.Module]]:
+        """(the encoder's blocks, the decoder's), empty where the model has no such stack."""
+        base = getattr(model, "base_model", model)
+        return tuple(list(getattr(getattr(base, stack, None), cls.BLOCKS, None) or []) for stack in ("encoder", "decoder"))
 
     def features(self, output) -> torch.Tensor:
         return output.decoder_hidden_states[-1]
@@ -502,16 +514,9 @@ class HFSeq2SeqAdapter(_HFEncoderDecoder):
     KINDS = ("bart", "marian")  # Post-LN; mBART's and Pegasus's layers, the same names in Pre-LN order, are not
     LAYOUT = ("self_attn.q_proj", "self_attn.k_proj", "self_attn_layer_norm", "fc1", "fc2", "final_layer_norm")
 
-    def __init__(self, model: nn.Module):
-        super().__init__(model)
-        base = getattr(model, "base_model", model)
-        self.stacks = [("encoder", list(base.encoder.layers)), ("decoder", list(base.decoder.layers))]
-
     @classmethod
     def knows(cls, model: nn.Module) -> bool:
-        base = getattr(model, "base_model", model)
-        encoder = list(getattr(getattr(base, "encoder", None), "layers", None) or [])
-        decoder = list(getattr(getattr(base, "decoder", None), "layers", None) or [])
+        encoder, decoder = cls.blocks_of(model)
         return (getattr(model.config, "model_type", None) in cls.KINDS and bool(encoder) and bool(decoder)
                 and all(_has(layer, part) for layer in encoder + decoder for part in cls.LAYOUT))
 
@@ -565,6 +570,7 @@ class HFT5Adapter(_HFEncoderDecoder):
     decoder_attention_mask)."""
 
     KINDS = ("t5", "mt5")  # UMT5 (a position bias in every block), LongT5 (local attention) are not
+    BLOCKS = "block"
 
     def inputs(self, batch) -> Dict[str, Any]:
         if not isinstance(batch, dict):  # T5 makes no decoder inputs of the input ids, as BART does
@@ -572,16 +578,9 @@ class HFT5Adapter(_HFEncoderDecoder):
                             "(or labels), with their attention masks where padded")
         return batch
 
-    def __init__(self, model: nn.Module):
-        super().__init__(model)
-        base = getattr(model, "base_model", model)
-        self.stacks = [("encoder", list(base.encoder.block)), ("decoder", list(base.decoder.block))]
-
     @classmethod
     def knows(cls, model: nn.Module) -> bool:
-        base = getattr(model, "base_model", model)
-        encoder = list(getattr(getattr(base, "encoder", None), "block", None) or [])
-        decoder = list(getattr(getattr(base, "decoder", None), "block", None) or [])
+        encoder, decoder = cls.blocks_of(model)
 
         def laid_out(block, decoder_block):
             parts = list(getattr(block, "layer", None) or [])
