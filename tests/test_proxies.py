@@ -9,7 +9,7 @@ import torch
 
 from stabexp.analysis import lr_sensitivity, lr_sensitivity_table
 from stabexp.model import build_model
-from stabexp.model.transformer import SelfAttention, explicit_attention, make_norm
+from stabexp.model.transformer import SelfAttention, explicit_attention, make_norm, softmax_over_keys
 from stabexp.probes import LayerProbe, log_z_stats, max_attention_logit
 from stabexp.train.losses import z_loss
 from stabexp.train.optim import build_optimizer
@@ -55,13 +55,14 @@ def _hand_qk(attn, x, qk_norm=None):
     return q, k
 
 
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_the_explicit_attention_shows_its_logits_with_and_without_qk_norm(qk_norm):
+# 5 keys and 20: each side of softmax_over_keys' short-row path on a CPU.
+@pytest.mark.parametrize("qk_norm,T", [(False, 5), (True, 5), (False, 20)])
+def test_the_explicit_attention_shows_its_logits_with_and_without_qk_norm(qk_norm, T):
     torch.manual_seed(0)
     d, heads = 8, 2
     norms = (make_norm("layernorm", d // heads), make_norm("layernorm", d // heads), None) if qk_norm else None
     attn = SelfAttention(d, heads, causal=True, dropout=0.0, head_norms=norms)
-    x = torch.randn(3, 5, d) * 4
+    x = torch.randn(3, T, d) * 4
     seen = []
     attn.scores.register_forward_hook(lambda module, args, logits: seen.append(logits.amax()))
     fused = attn(x)
@@ -74,12 +75,25 @@ def test_the_explicit_attention_shows_its_logits_with_and_without_qk_norm(qk_nor
     assert torch.allclose(out, fused, atol=1e-5)
     # The output is attention over those (normalised) q and k.
     logits = (q @ k.transpose(-1, -2) / math.sqrt(d // heads)).masked_fill(
-        torch.ones(5, 5, dtype=torch.bool).triu(1), -math.inf)
-    v = (x @ attn.qkv.weight.detach()[2 * d:].T + attn.qkv.bias[2 * d:]).view(3, 5, heads, d // heads).transpose(1, 2)
-    y = (logits.softmax(-1) @ v).transpose(1, 2).reshape(3, 5, d)
+        torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+    v = (x @ attn.qkv.weight.detach()[2 * d:].T + attn.qkv.bias[2 * d:]).view(3, T, heads, d // heads).transpose(1, 2)
+    y = (logits.softmax(-1) @ v).transpose(1, 2).reshape(3, T, d)
     assert torch.allclose(out, attn.out(y), atol=1e-5)
     if qk_norm:  # |LN(q).LN(k)| <= d_h, so the logit is at most sqrt(d_h) while the gains are 1
         assert max_logit.item() <= math.sqrt(d // heads) + 1e-4
+
+
+@pytest.mark.parametrize("keys", [10, 40])
+def test_the_softmax_over_keys_is_torch_softmax_and_its_gradient(keys):
+    torch.manual_seed(0)
+    logits = torch.randn(4, 2, 7, keys).masked_fill(torch.rand(4, 2, 7, keys) < 0.3, -math.inf)
+    logits[..., 0] = 1.0  # every row keeps a key
+    mine, ref = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    weights = torch.randn(4, 2, 7, keys)
+    (softmax_over_keys(mine) * weights).sum().backward()
+    (ref.softmax(-1) * weights).sum().backward()
+    assert torch.allclose(softmax_over_keys(mine), ref.softmax(-1), atol=1e-6)
+    assert torch.allclose(mine.grad, ref.grad, atol=1e-6)
 
 
 def test_log_z_stats_by_hand_over_real_tokens():

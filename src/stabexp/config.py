@@ -7,6 +7,7 @@ Ranges that a type cannot express (depth >= 1, lr > 0, ...) are checked by `vali
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -338,11 +339,15 @@ register_configs()
 
 # --- checks a type cannot express ----------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def _schema() -> DictConfig:
-    """The schema with every group filled in, so that its keys can be listed."""
-    return OmegaConf.structured(Config(group=GroupConfig(), model=ModelConfig(),
-                                       task=TaskConfig(), optim=OptimConfig(),
-                                       logger=LoggerConfig(TensorBoardLogger(), MlflowLogger(), WandbLogger())))
+    """The schema with every group filled in, so that its keys can be listed; built once (it is
+    most of a validation's time otherwise) and read-only."""
+    schema = OmegaConf.structured(Config(group=GroupConfig(), model=ModelConfig(),
+                                         task=TaskConfig(), optim=OptimConfig(),
+                                         logger=LoggerConfig(TensorBoardLogger(), MlflowLogger(), WandbLogger())))
+    OmegaConf.set_readonly(schema, True)
+    return schema
 
 
 def unknown_key_message(key: str) -> str:

@@ -165,6 +165,16 @@ def attention_logits(q: torch.Tensor, k: torch.Tensor, causal: bool,
     return logits if hidden is None else logits.masked_fill(hidden, float("-inf"))
 
 
+def softmax_over_keys(logits: torch.Tensor) -> torch.Tensor:
+    """softmax(logits) along the keys (the last dimension). On a CPU, rows of fewer than 16 keys
+    take torch's softmax along the other dimension of the transposed view: the same function,
+    about 3x faster there (torch 2.13's CPU kernel along the last dimension is slow on short
+    rows, and slower along another one on long rows; docs/benchmarks.md)."""
+    if logits.device.type == "cpu" and logits.shape[-1] < 16:
+        return logits.transpose(-1, -2).softmax(-2).transpose(-1, -2)
+    return logits.softmax(-1)
+
+
 class _AttentionKernel:
     explicit = False  # True inside explicit_attention()
 
@@ -202,7 +212,7 @@ class _Attention(nn.Module):
         if self.v_norm is not None:
             v = self.v_norm(v)
         if _KERNEL.explicit:
-            weights = self.scores(attention_logits(q, k, causal, mask)).softmax(-1)
+            weights = softmax_over_keys(self.scores(attention_logits(q, k, causal, mask)))
             return F.dropout(weights, self.dropout, self.training) @ v
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               dropout_p=self.dropout if self.training else 0.0)

@@ -232,24 +232,31 @@ class LayerProbe:
         (`explicit_attention`), so F here and the fused kernel's F differ by rounding (about 1e-7)."""
         n = len(self.keys)
         tokens = self.adapter.token_masks(batch)
+        # Each hook keeps its per-token norms, flat; their means over the real tokens are taken
+        # after the pass, one reduction per stack (`_token_means`): per hook they cost more than
+        # the norms themselves on a small model.
         ln_norms: List[Optional[torch.Tensor]] = [None] * n
         stream_norms: List[Optional[torch.Tensor]] = [None] * n
         max_logits: List[Optional[torch.Tensor]] = [None] * n
+        handed = [None, None, None]  # the last sublayer whose stream a hook read, that stream, its norms
 
-        def mean_norm(into: List, i: int, real: Optional[torch.Tensor], output: bool = False):
+        def token_norms(into: List, i: int, real: Optional[torch.Tensor], output: bool = False):
+            stream = into is stream_norms
+
             def hook(module, args, *out):
                 x = out[0] if output else args[0]
+                if not stream and handed[0] == i and x is handed[1]:
+                    into[i] = handed[2]  # a Pre-LN norm reads the very stream its sublayer was handed
+                    return
                 norms = torch.linalg.vector_norm(x.detach(), dim=-1)
-                if real is not None:
-                    # A layer may hand on its tokens flattened (OPT's FFN takes (B*T, d)): back in
-                    # the batch's (B, T) shape.
-                    if norms.dim() == 1 and norms.numel() == real.numel():
-                        norms = norms.view(real.shape)
-                    if norms.shape != real.shape:
-                        raise ValueError(f"{type(module).__name__}'s stream has its tokens as {tuple(norms.shape)} "
-                                         f"and the adapter's token mask is {tuple(real.shape)}: an adapter with "
-                                         "token masks needs batch-first streams (B, T, d)")
-                into[i] = token_mean(norms, real)
+                # A layer may hand on its tokens flattened (OPT's FFN takes (B*T, d)).
+                if real is not None and norms.numel() != real.numel() or norms.dim() > 2:
+                    raise ValueError(f"{type(module).__name__}'s stream has its tokens as {tuple(norms.shape)} "
+                                     f"and the adapter's token mask is {tuple(real.shape) if real is not None else None}:"
+                                     " an adapter with token masks needs batch-first streams (B, T, d)")
+                into[i] = norms.reshape(-1)
+                if stream:
+                    handed[:] = i, x, into[i]
             return hook
 
         def largest_logit(i: int, logits: Callable):
@@ -257,18 +264,30 @@ class LayerProbe:
                 max_logits[i] = logits(*args).amax()
             return hook
 
-        hooks = [(s.norm, "pre", mean_norm(ln_norms, i, tokens.get(s.stack)))
-                 for i, s in enumerate(self.sublayers) if s.norm is not None]
-        hooks += [(s.stream[0], s.stream[1], mean_norm(stream_norms, i, tokens.get(s.stack), s.stream[1] == "post"))
-                  for i, s in enumerate(self.sublayers)]
+        hooks = [(s.stream[0], s.stream[1], token_norms(stream_norms, i, tokens.get(s.stack), s.stream[1] == "post"))
+                 for i, s in enumerate(self.sublayers)]
+        hooks += [(s.norm, "pre", token_norms(ln_norms, i, tokens.get(s.stack)))
+                  for i, s in enumerate(self.sublayers) if s.norm is not None]
         hooks += [(s.attention[0], s.attention[1], largest_logit(i, s.attention[2]))
                   for i, s in enumerate(self.sublayers) if s.attention is not None]
         with hooked(hooks):
             feats, logits = self.adapter.probe_pass(batch)
+        handed[:] = None, None, None
         if not n:
             return feats, feats.new_zeros(0), feats.new_zeros(0), feats.new_zeros(0), logits
         # NaN (an empty cell) where a placement has no norm on the stream (ReZero, Fixup,
         # T-Fixup), and for the attention logit of an FFN.
         nan = feats.new_full((), float("nan"))
-        return (feats, torch.stack([v if v is not None else nan for v in ln_norms]),
-                torch.stack([v if v is not None else nan for v in max_logits]), torch.stack(stream_norms), logits)
+        return (feats, self._token_means(ln_norms, tokens, feats), torch.stack([v if v is not None else nan for v in max_logits]),
+                self._token_means(stream_norms, tokens, feats), logits)
+
+    def _token_means(self, norms: List[Optional[torch.Tensor]], tokens: Dict, like: torch.Tensor) -> torch.Tensor:
+        """Per sublayer, the mean of its kept per-token norms over its stack's real tokens (NaN
+        where it kept none), from one reduction per stack."""
+        means = like.new_full((len(norms),), float("nan"), dtype=torch.float32)
+        for stack, real in tokens.items():
+            kept = [i for i, s in enumerate(self.sublayers) if s.stack == stack and norms[i] is not None]
+            if kept:
+                values = torch.stack([norms[i] for i in kept]).float()
+                means[kept] = token_mean(values, None if real is None else real.reshape(-1), dims=1)
+        return means

@@ -9,10 +9,11 @@ import torch
 from stabexp.model.transformer import attention_logits
 
 
-def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
+def token_mean(values: torch.Tensor, tokens: Optional[torch.Tensor], dims=None) -> torch.Tensor:
     """Mean of per-token values (B, T) over the real tokens (`tokens`, bool (B, T)), or over
-    every position when there is no padding (tokens None). No host sync."""
-    return values.mean() if tokens is None else (values * tokens).sum() / tokens.sum()
+    every position when there is no padding (tokens None). `dims`: the token dimensions where
+    `values` holds several such sets (n, B, T), one mean each. No host sync."""
+    return values.mean(dims) if tokens is None else (values * tokens).sum(dims) / tokens.sum()
 
 
 def per_token_norm(features: torch.Tensor, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
