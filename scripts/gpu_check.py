@@ -13,8 +13,8 @@
 4. `stabexp plan` of each of those runs against its measured peak (max_memory_allocated on a
    GPU, the peak resident set less the memory before the model on the CPU).
 Prints a markdown table and writes each part's files under --out. `--device cpu --quick` runs
-the same steps on the CPU at a smaller size (tests/test_distributed.py does, so the script
-stays runnable where no GPU is).
+the same steps on the CPU at a smaller size (tests/test_paper_scale.py does, through
+scripts/paper_scale.py, so the script stays runnable where no GPU is).
 """
 
 from __future__ import annotations

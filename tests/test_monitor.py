@@ -1130,3 +1130,53 @@ def test_a_t5_probe_batch_of_input_ids_alone_is_refused_in_one_line(tmp_path):
     with pytest.raises(TypeError, match="a T5 probe batch is a dict of the model's inputs") as raised:
         Monitor(model, _tokens(2, T), tmp_path / "t5")
     assert "\n" not in str(raised.value)
+
+
+class _MaskedEncoder(nn.Module):
+    """An nn.TransformerEncoder body (sequence-first or batch-first) on (B, T) tokens."""
+
+    def __init__(self, batch_first: bool):
+        super().__init__()
+        torch.manual_seed(5)
+        self.batch_first = batch_first
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.body = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=batch_first),
+                                          2, enable_nested_tensor=False)
+
+    def forward(self, x):
+        h = self.embed(x)
+        return self.body(h if self.batch_first else h.transpose(0, 1))
+
+
+def _masked_adapter(model, masks):
+    from stabexp.probes.adapters import TorchTransformerAdapter
+
+    class Masked(TorchTransformerAdapter):
+        def token_masks(self, batch):
+            return masks
+
+    return Masked(model)
+
+
+def test_token_masks_need_batch_first_streams_and_a_stack_without_one_is_every_position():
+    """An adapter's (B, T) token mask against a sequence-first stream (T, B, d) is refused in one
+    line (its norms would be masked in the wrong order); a stack the masks leave out is read over
+    every position, as a mask of all True would read it."""
+    from stabexp.probes import LayerProbe
+
+    x = _tokens(3, 5, seed=6)
+    real = torch.ones(3, 5, dtype=torch.bool)
+    real[0, 3:] = False
+    with pytest.raises(ValueError, match=r"needs batch-first streams \(B, T, d\)"):
+        LayerProbe(_masked_adapter(_MaskedEncoder(batch_first=False), {"encoder": real})).measure_pass(x)
+    model = _MaskedEncoder(batch_first=True)
+    left_out = LayerProbe(_masked_adapter(model, {})).measure_pass(x)
+    every = LayerProbe(_masked_adapter(model, {"encoder": torch.ones(3, 5, dtype=torch.bool)})).measure_pass(x)
+    masked = LayerProbe(_masked_adapter(model, {"encoder": real})).measure_pass(x)
+    for i in (1, 3):  # ln_input_norm, stream_norm
+        assert not torch.isnan(left_out[i]).any() and torch.allclose(left_out[i], every[i])
+        assert not torch.allclose(masked[i], every[i])
+    # The masked mean by hand: the first layer's stream is the embedding.
+    with torch.no_grad():
+        norms = model.embed(x).norm(dim=-1)
+    assert masked[3][0].item() == pytest.approx((norms[real].mean()).item(), rel=1e-5)

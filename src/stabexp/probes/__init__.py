@@ -79,7 +79,7 @@ def read_with(module: nn.Module, method: str, parameters: Dict[str, torch.Tensor
 def reference_features(adapter, batch) -> torch.Tensor:
     """F(x, theta) on the probe batch as every probe step takes it (the adapter's probe pass,
     LayerProbe.measure_pass), so that the model update at step 0 is exactly 0: a copy, kept."""
-    with torch.no_grad():  # not inference_mode: see LayerProbe.measure_pass
+    with torch.no_grad():  # the copy kept is an ordinary tensor, whatever mode the pass ran in
         features = adapter.probe_pass(batch)[0]
     return features.clone()
 
@@ -249,11 +249,15 @@ class LayerProbe:
                     into[i] = handed[2]  # a Pre-LN norm reads the very stream its sublayer was handed
                     return
                 norms = torch.linalg.vector_norm(x.detach(), dim=-1)
-                # A layer may hand on its tokens flattened (OPT's FFN takes (B*T, d)).
-                if real is not None and norms.numel() != real.numel() or norms.dim() > 2:
-                    raise ValueError(f"{type(module).__name__}'s stream has its tokens as {tuple(norms.shape)} "
-                                     f"and the adapter's token mask is {tuple(real.shape) if real is not None else None}:"
-                                     " an adapter with token masks needs batch-first streams (B, T, d)")
+                if real is not None:
+                    # A layer may hand on its tokens flattened (OPT's FFN takes (B*T, d)): back in
+                    # the batch's (B, T) shape.
+                    if norms.dim() == 1 and norms.numel() == real.numel():
+                        norms = norms.view(real.shape)
+                    if norms.shape != real.shape:
+                        raise ValueError(f"{type(module).__name__}'s stream has its tokens as {tuple(norms.shape)} "
+                                         f"and the adapter's token mask is {tuple(real.shape)}: an adapter with "
+                                         "token masks needs batch-first streams (B, T, d)")
                 into[i] = norms.reshape(-1)
                 if stream:
                     handed[:] = i, x, into[i]
@@ -285,9 +289,10 @@ class LayerProbe:
         """Per sublayer, the mean of its kept per-token norms over its stack's real tokens (NaN
         where it kept none), from one reduction per stack."""
         means = like.new_full((len(norms),), float("nan"), dtype=torch.float32)
-        for stack, real in tokens.items():
+        for stack in dict.fromkeys(s.stack for s in self.sublayers):
             kept = [i for i, s in enumerate(self.sublayers) if s.stack == stack and norms[i] is not None]
             if kept:
+                real = tokens.get(stack)  # None (a stack the masks leave out): every position
                 values = torch.stack([norms[i] for i in kept]).float()
                 means[kept] = token_mean(values, None if real is None else real.reshape(-1), dims=1)
         return means
