@@ -163,8 +163,29 @@ def test_help_with_overrides(stabexp_cli):
     assert not (stabexp_cli.outputs / "multirun").exists() and not (stabexp_cli.outputs / "runs").exists()
 
 
+@pytest.mark.parametrize("sweeper,per_job", [("checked", 1), ("basic", 2)])
+def test_the_default_sweeper_leaves_each_job_to_the_launcher_to_compose(stabexp_main, monkeypatch, sweeper, per_job):
+    """hydra/sweeper=checked (the default) composes no job's config itself: the launcher composes
+    each once, where Hydra's basic sweeper composes each a second time before the first starts;
+    both run the same jobs."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    composed = []
+    load = ConfigLoaderImpl.load_sweep_config
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config",
+                        lambda self, master_config, sweep_overrides: composed.append(sweep_overrides)
+                        or load(self, master_config, sweep_overrides))
+    r = stabexp_main("run", "-m", *TINY, "train.steps=1", "probe.enabled=false", "seed=0,1,2",
+                     f"hydra/sweeper={sweeper}", "hydra/launcher=basic")
+    assert r.returncode == 0, r.stderr
+    assert sorted(next(o for o in job if o.startswith("seed=")) for job in composed) == \
+        sorted(["seed=0", "seed=1", "seed=2"] * per_job)
+    sweep = next((stabexp_main.outputs / "multirun").iterdir())
+    assert len([p for p in sweep.iterdir() if (p / "summary.json").exists()]) == 3
+
+
 def test_a_sweep_of_many_jobs_says_why_it_waits_before_the_first_starts(stabexp_main, monkeypatch):
-    """Hydra composes every job's config before the first starts (a 1,000-seed sweep: minutes):
+    """The launcher composes every job's config before the first starts (a 1,000-seed sweep: minutes):
     from app.MANY_JOBS jobs on, one line says so first, with the count."""
     from stabexp import app
 

@@ -75,9 +75,10 @@ def _run(args: List[str], checked=None) -> int:
     overrides, extra = [*checked.overrides, *checked.hydra_overrides], []
     multirun = checked.multirun and not checked.wants_help
     if multirun and checked.job_count >= MANY_JOBS and distributed.is_rank0():
-        # Hydra's sweeper composes every job's config before the launcher sees the first one.
-        print(f"stabexp: {checked.job_count} jobs: Hydra composes the config of each (and the launcher again) "
-              "before the first starts, a fraction of a second each", file=sys.stderr, flush=True)
+        # The launcher composes every job's config (the packed launcher, all of a batch's) before
+        # the first one starts.
+        print(f"stabexp: {checked.job_count} jobs: Hydra composes the config of each before the first starts, "
+              "a fraction of a second each", file=sys.stderr, flush=True)
     if checked.wants_help:
         # Hydra composes its help as one run, where a sweep is an error: the config without the swept keys.
         swept = sweeps(checked.overrides)
@@ -208,11 +209,13 @@ def hydra_app():
     import hydra
     from hydra.core.plugins import Plugins
 
+    from hydra_plugins.stabexp_launcher.checked_sweeper import CheckedBasicSweeper
     from hydra_plugins.stabexp_launcher.packed_launcher import PackedLauncher
 
-    # Hydra finds launchers by scanning the hydra_plugins folders, which misses an editable
-    # install's (a path hook, not a folder): registered by hand, as Hydra's API allows.
+    # Hydra finds launchers and sweepers by scanning the hydra_plugins folders, which misses an
+    # editable install's (a path hook, not a folder): registered by hand, as Hydra's API allows.
     Plugins.instance().register(PackedLauncher)
+    Plugins.instance().register(CheckedBasicSweeper)
     return hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")(task)
 
 

@@ -1,5 +1,5 @@
-"""The `packed` launcher's config node (hydra/launcher=packed), stored when this module is
-imported. Apart from the launcher so that stabexp.config can store it before any compose without
+"""The `packed` launcher's config node (hydra/launcher=packed) and the `checked` sweeper's
+(hydra/sweeper=checked), stored when this module is imported. Apart from the launcher so that stabexp.config can store it before any compose without
 importing the launcher, which imports the sweep's machinery: Hydra's scan of hydra_plugins misses
 an editable install's folder (a path hook, not a folder)."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeperConf
 from hydra.core.config_store import ConfigStore
 
 
@@ -20,3 +21,11 @@ class PackedLauncherConf:
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="packed", node=PackedLauncherConf, provider="stabexp")
+
+
+@dataclass
+class CheckedSweeperConf(BasicSweeperConf):  # max_batch_size and params, as hydra/sweeper=basic
+    _target_: str = "hydra_plugins.stabexp_launcher.checked_sweeper.CheckedBasicSweeper"
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="checked", node=CheckedSweeperConf, provider="stabexp")
