@@ -464,7 +464,7 @@ CLAIMS = [
           needs=(Cells("multi30k_table", ("admin", "preln", "postln"), (6, 12, 18), measures=("test_bleu",)),), criterion=_admin_depths,
           section="19-admin-at-6-12-and-18-layers-on-translation",
           revised="2026-12-03: Admin must train in every seed before any comparison, and a diverged run's BLEU counts 0 (the mean had skipped it).",
-          cost="about 4.3 h here: 16 runs at the 6.7 / 15.6 / 23 min means per depth of docs/data/deepnet_cells.csv; one GPU: not measured, the GPU path has not run"),
+          cost="about 1.6 h here: 6 runs (seeds 1 and 2 of postln, preln and admin at 12L: `stabexp run experiment=multi30k_table group=postln,preln,admin depth=12 seed=1,2`; the 6L and 18L cells have their three seeds) at the 15.6 min mean of the 12L runs in docs/data/deepnet_cells.csv; one GPU: not measured, the GPU path has not run"),
     Claim(id="admin-fold", source="Transformer-Clinic's and admin-torch's READMEs",
           statement="After training, Admin can be reparameterised into the original Post-LN Transformer",
           paper="a statement", evidence=ADMIN_TINY + ", 6L-6L, 600 steps, the final weights kept",

@@ -426,7 +426,7 @@ CLAIMS = [
           needs=(Cells("multi30k_table", FIG6_MULTI30K, (18,),
                  measures=("test_bleu",)),),
           criterion=_best_from("multi30k_table", (18,), "test_bleu", True), section="10-depth-on-real-translation-deepnet-table-1-multi30k",
-          cost="about 5.4 h here: 14 runs (two more seeds of 7 groups) × the 23 min mean of the 18L runs in docs/data/deepnet_cells.csv; one GPU: not measured, the GPU path has not run"),
+          cost="about 2.3 h here: 6 runs (seeds 1 and 2 of rezero, fixup and t_fixup at 18L: `stabexp run experiment=deepnet_bleu_depth group=rezero,fixup,t_fixup depth=18 seed=1,2`; the other groups' three seeds are recorded) × the 23 min mean of the 18L runs in docs/data/deepnet_cells.csv; one GPU: not measured, the GPU path has not run"),
     Claim(id="deepnet-fig3", source="DeepNet Fig. 3",
           statement="Post-LN-init has the larger gradient than Post-LN with warm-up and still converges better: the gradient norm does not tell stability",
           paper="Fig. 3(a)-(c), curves", evidence=TINY_SORT + ", 18L-18L, 300 steps",
