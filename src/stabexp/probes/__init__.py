@@ -240,9 +240,7 @@ class LayerProbe:
         max_logits: List[Optional[torch.Tensor]] = [None] * n
         handed = [None, None, None]  # the last sublayer whose stream a hook read, that stream, its norms
 
-        def token_norms(into: List, i: int, real: Optional[torch.Tensor], output: bool = False):
-            stream = into is stream_norms
-
+        def token_norms(into: List, i: int, real: Optional[torch.Tensor], stream: bool, output: bool = False):
             def hook(module, args, *out):
                 x = out[0] if output else args[0]
                 if not stream and handed[0] == i and x is handed[1]:
@@ -268,9 +266,9 @@ class LayerProbe:
                 max_logits[i] = logits(*args).amax()
             return hook
 
-        hooks = [(s.stream[0], s.stream[1], token_norms(stream_norms, i, tokens.get(s.stack), s.stream[1] == "post"))
+        hooks = [(s.stream[0], s.stream[1], token_norms(stream_norms, i, tokens.get(s.stack), True, s.stream[1] == "post"))
                  for i, s in enumerate(self.sublayers)]
-        hooks += [(s.norm, "pre", token_norms(ln_norms, i, tokens.get(s.stack)))
+        hooks += [(s.norm, "pre", token_norms(ln_norms, i, tokens.get(s.stack), False))
                   for i, s in enumerate(self.sublayers) if s.norm is not None]
         hooks += [(s.attention[0], s.attention[1], largest_logit(i, s.attention[2]))
                   for i, s in enumerate(self.sublayers) if s.attention is not None]
