@@ -85,7 +85,8 @@ def _fig4_grad(recipe):
         vanished = every(r["postln"] < 0.01)
         kept = every(r["postln_init"] >= 0.1)
         measured = (f"layer 1 / largest layer at update 30: Post-LN {over_seeds(r['postln'])}, with warm-up "
-                    f"{over_seeds(r['postln_warmup'])}, Post-LN-init {over_seeds(r['postln_init'])}")
+                    f"{over_seeds(r['postln_warmup'])}, Post-LN-init {over_seeds(r['postln_init'])} "
+                    f"(lowest seed {r['postln_init'].min():.4f})")
         return (HOLDS if vanished and kept else PARTLY if vanished else DOES_NOT_HOLD), measured
     return criterion
 
