@@ -421,7 +421,7 @@ CLAIMS = [
                 "test_bleu", True),
           section="23-bleu-against-depth-for-every-method-deepnet-fig-6",
           revised="2026-12-03: as deepnet-fig6-synthetic, every group run at the deepest depth. 2026-12-04: as deepnet-fig6-synthetic, the paired test and a gain with depth (not run → not run).",
-          cost="about 1 h here: 12 runs, seeds 1 and 2 of the cells not yet recorded (`stabexp run experiment=deepnet_bleu_depth group=deepnorm,rezero,fixup,t_fixup depth=12 seed=1,2` and `... group=fixup,t_fixup depth=6 seed=1,2`), at the 10.0 and 7.9 min means of the 12L and 6L multi30k_table runs of 2026-12-05, packed two at a time (docs/data/deepnet_cells.csv); one GPU: not measured, the GPU path has not run"),
+          cost="its 63 runs took 5-26 min each here, one thread each, packed two at a time or beside other work (2026-11-30 to 2026-12-05, docs/data/deepnet_cells.csv; seven of them have no time recorded); one GPU: not measured, the GPU path has not run"),
     Claim(id="deepnet-table1-best", source="DeepNet Table 1",
           statement="DeepNet is the best method from 18 layers on",
           paper="DeepNet 28.8 / 29.0 / 28.9 BLEU at 18L / 50L / 100L, the top of each column", evidence=TINY_SORT + ", 18L and 50L, 300 steps",
