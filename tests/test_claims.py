@@ -292,6 +292,10 @@ def test_lm_100_layers_flips_on_deepnorm_and_on_postln():
     assert verdict("deepnet-lm-100", _lm("lm_depth", 100, 4.0, 5.40)) == NOT_SHOWN
     assert verdict("deepnet-lm-100", _lm("lm_depth", 100, 4.0, 5.42)) == HOLDS  # by 0.045: not trained
     assert verdict("deepnet-lm-100", _lm("lm_depth", 100, [4.0, 5.45, 4.0], 5.47)) == DOES_NOT_HOLD
+    # Without the unigram model's loss the runs cannot tell trained from failed: nothing is shown
+    no_reference = [dict(r, task="lm") for g, loss in (("deepnorm", 4.0), ("postln", 5.47))
+                    for r in seeds("lm_depth", g, 100, final_eval_loss=loss)]
+    assert verdict("deepnet-lm-100", no_reference) == NOT_SHOWN
     # Other groups at 100 layers do not enter a claim that is not comparative.
     assert verdict("deepnet-lm-100", _lm("lm_depth", 100, 4.0, 5.47, extra=[("fixup", 3.0)])) == HOLDS
 
@@ -499,6 +503,7 @@ def test_dependency_flips_on_start_and_end():
     # Clinic's own figures)
     assert verdict("admin-dependency", rows(admin_end=0.4)) == HOLDS
     assert verdict("admin-dependency", rows(admin_end=0.29)) == PARTLY  # falls
+    assert verdict("admin-dependency", rows(admin_end=0.9)) == PARTLY  # rises past Post-LN's 0.55, further from it
     assert verdict("admin-dependency", rows(admin_init=0.5)) == DOES_NOT_HOLD
 
 
@@ -642,11 +647,10 @@ def test_qk_layernorm_flips_on_sensitivity_and_logits():
 def test_z_loss_flips():
     assert verdict("wortsman-z-loss", _wortsman()) == HOLDS
     assert verdict("wortsman-z-loss", _wortsman(z_helps=False)) == DOES_NOT_HOLD
-    # log Z starts at the loss at init, 6.2: it must move by as much again, either way
-    assert verdict("wortsman-z-loss", _wortsman(drift=12.5)) == HOLDS
-    assert verdict("wortsman-z-loss", _wortsman(drift=12.3)) == NOT_SHOWN  # log Z has not drifted: nothing to stop
-    assert verdict("wortsman-z-loss", _wortsman(drift=-0.1)) == HOLDS
-    assert verdict("wortsman-z-loss", _wortsman(drift=0.1)) == NOT_SHOWN
+    assert verdict("wortsman-z-loss", _wortsman(drift=-12.5)) == HOLDS  # twice the loss at init, 6.2
+    assert verdict("wortsman-z-loss", _wortsman(drift=-12.3)) == NOT_SHOWN  # log Z has not drifted: nothing to stop
+    # z-loss pulls log Z to 0: log Z near 0 without it is no divergence, however far it moved from ln V
+    assert verdict("wortsman-z-loss", _wortsman(drift=-0.1)) == NOT_SHOWN
 
 
 def _lr2025(peri=0.3, dyt_gap=0.0):
@@ -700,7 +704,9 @@ def test_qk_clip_flips_on_logits_and_loss():
                       else (free_logit if high(s) else 20.0))
     assert verdict("qk-clip", rows()) == HOLDS
     assert verdict("qk-clip", rows(penalty=0.06)) == PARTLY
-    # worse by 0.18 in one seed (0.06 on the mean) and better in the other two: not worse by the paired test
+    assert verdict("qk-clip", rows(penalty=0.049)) == HOLDS  # worse in every seed, within the 0.05-nat margin
+    assert verdict("qk-clip", rows(penalty=0.051)) == PARTLY
+    # worse by 0.2 in one seed (0.06 on the mean) and better in the other two: not worse by the paired test
     assert verdict("qk-clip", rows(penalty=[0.2, -0.01, -0.01])) == HOLDS
     assert verdict("qk-clip", rows(clipped_logit=151.0)) == DOES_NOT_HOLD
     assert verdict("qk-clip", rows(free_logit=99.0)) == NOT_SHOWN  # the unclipped logits never pass tau
