@@ -73,10 +73,10 @@ def _qk_layernorm(ev: Evidence):
     runs = with_setting(runs, "train.z_loss", "0")
     sens = lr_sensitivities(runs).assign(qk=lambda f: f.rest.map(lambda s: parse(s)["model.qk_norm"]))
     per = sens.pivot_table(index="seed", columns="qk", values="sensitivity")
-    top = _highest_lr(runs).assign(qk=lambda f: f.setting.map(lambda s: parse(s)["model.qk_norm"]))
-    logit = top.pivot_table(index="seed", columns="qk", values="final_max_attn_logit")
-    low = with_setting(runs, "train.lr", LRS[0]).assign(qk=lambda f: f.setting.map(lambda s: parse(s)["model.qk_norm"]))
-    low_logit = low.pivot_table(index="seed", columns="qk", values="final_max_attn_logit")
+    def logits(at_lr):  # the largest attention logit at the end, per seed (rows) and qk setting (columns)
+        return at_lr.assign(qk=at_lr.setting.map(lambda s: parse(s)["model.qk_norm"])).pivot_table(
+            index="seed", columns="qk", values="final_max_attn_logit")
+    logit, low_logit = logits(_highest_lr(runs)), logits(with_setting(runs, "train.lr", LRS[0]))
     on, off = value_as_hydra_writes("true"), value_as_hydra_writes("false")
     grows = every(compare(logit[off], low_logit[off], lambda a, b: a >= 10 * b))
     lower = every(compare(per[on], per[off], lambda a, b: a < b))
@@ -157,19 +157,17 @@ def _peri_stream(ev: Evidence):
     return (HOLDS if below and every(peri <= 2) else PARTLY if below else DOES_NOT_HOLD), measured
 
 
-def _cheap_shares(ev: Evidence):
-    """Per seed, in the 100-layer LMs after training, the share of layers whose removal costs less
-    than 0.01 nats (measures: cheap_layer_share): Pre-LN's and LayerNorm Scaling's."""
-    pre = ev.value("cheap_layer_share", recipe="lm_depth", group="preln", depth=100)
-    scaled = ev.value("cheap_layer_share", recipe="lm_depth", group="layernorm_scaled", depth=100)
-    return pre, scaled, f"cheap layers: Pre-LN {over_seeds(pre, 2)}, LayerNorm Scaling {over_seeds(scaled, 2)}"
+def _cheap_share(ev: Evidence, group: str):
+    """Per seed, in the group's 100-layer LMs after training, the share of layers whose removal costs
+    less than 0.01 nats (measures: cheap_layer_share)."""
+    return ev.value("cheap_layer_share", recipe="lm_depth", group=group, depth=100)
 
 
 def _curse(ev: Evidence):
     """In the 100-layer Pre-LN LMs after training, the share of layers whose removal costs less than
     0.01 nats. Holds when it is at least one half in every seed (most layers barely matter);
     otherwise it does not hold."""
-    pre, _, _ = _cheap_shares(ev)
+    pre = _cheap_share(ev, "preln")
     return (HOLDS if every(pre >= 0.5) else DOES_NOT_HOLD), f"cheap layers: Pre-LN {over_seeds(pre, 2)}"
 
 
@@ -180,7 +178,8 @@ def _layernorm_scaling(ev: Evidence):
     Scaling's is at least 0.1 below Pre-LN's in every seed (its deep layers matter); partly when it
     beats Pre-LN's (rules.beats, lower: paired by seed, lower in a majority of seeds and on the mean
     by more than the noise of the difference) without that margin; otherwise it does not hold."""
-    pre, scaled, measured = _cheap_shares(ev)
+    pre, scaled = _cheap_share(ev, "preln"), _cheap_share(ev, "layernorm_scaled")
+    measured = f"cheap layers: Pre-LN {over_seeds(pre, 2)}, LayerNorm Scaling {over_seeds(scaled, 2)}"
     if not every(pre >= 0.5):
         return NOT_SHOWN, measured + " (Pre-LN's deep layers matter: no curse to lift)"
     fixed = every(compare(scaled, pre, lambda a, b: a <= b - 0.1))
@@ -206,11 +205,10 @@ def _qk_clip(ev: Evidence):
     over = sorted(exceeds[exceeds].index)  # the lrs at which every unclipped seed exceeds tau
     loss = (clipped.groupby("lr").final_eval_loss.mean() - free.groupby("lr").final_eval_loss.mean())
 
-    def hurts(lr) -> bool:  # a missing loss on either side cannot show the clip harmless
+    def hurts(lr) -> bool:  # no seed with a loss on both sides cannot show the clip harmless
         with_clip, without_clip = (r[r.lr == lr].set_index("seed").final_eval_loss for r in (clipped, free))
         worse = paired_difference(without_clip, with_clip, higher_is_better=False)  # with - without, per seed
-        return worse.empty or worse.isna().any() or (beats(without_clip, with_clip, higher_is_better=False)
-                                                      and worse.mean() > 0.05)
+        return worse.empty or (beats(without_clip, with_clip, higher_is_better=False) and worse.mean() > 0.05)
     no_worse = not loss.empty and loss.notna().all() and not any(hurts(lr) for lr in loss.index)
     worked = clipped[clipped.lr.isin(over)].final_max_attn_logit
     measured = (f"unclipped logits above τ = 100 at {len(over)} of {free.lr.nunique()} lrs (up to "
