@@ -908,10 +908,10 @@ def test_adam_balance_needs_gradients_that_spread():
 
 
 def test_smd_norm_and_no_decay_flip():
-    def rows(worst=1.05, settings=others.SMD_SETTINGS, measure="smd_norm_ratio", **other):
+    def rows(worst=1.05, settings=others.SMD_SETTINGS, measure="smd_norm_ratio", rest=1.01, **other):
         out = []
         for i, s in enumerate(settings):
-            value = worst if i == 1 else 1.01
+            value = worst if i == 1 else rest
             out += [dict(r, setting=s, task="teacher") for r in seeds("smd", "normmlp", 3, **{measure: value}, **other)]
         return out
     assert verdict("smd-norm", rows()) == HOLDS
@@ -921,6 +921,12 @@ def test_smd_norm_and_no_decay_flip():
     assert verdict("smd-no-decay", rows(worst=1.0, **no_decay)) == HOLDS
     assert verdict("smd-no-decay", rows(worst=0.999, **no_decay)) == PARTLY
     assert verdict("smd-no-decay", rows(worst=0.98, **no_decay)) == DOES_NOT_HOLD
+    # Wan et al. 2021 Properties 1 and 2: 0 in exact arithmetic, 1e-3 and 1e-2 the thresholds.
+    for claim, measure, other in (("smd-orthogonal", "smd_grad_cosine_max", {"smd_other_grad_cosine": 0.3}),
+                                  ("smd-grad-scale", "grad_scaling_error", {})):
+        assert verdict(claim, rows(worst=1e-3, measure=measure, rest=1e-6, **other)) == HOLDS
+        assert verdict(claim, rows(worst=2e-3, measure=measure, rest=1e-6, **other)) == PARTLY
+        assert verdict(claim, rows(worst=2e-2, measure=measure, rest=1e-6, **other)) == DOES_NOT_HOLD
 
 
 def test_the_new_measures_come_out_of_the_tables():

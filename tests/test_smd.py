@@ -8,7 +8,7 @@ import torch
 
 from stabexp import theory
 from stabexp.model.normmlp import NormMLP, NormMLPConfig
-from stabexp.probes.weights import WeightProbe, angle, scale_invariance
+from stabexp.probes.weights import WeightProbe, angle, grad_scaling_error, scale_invariance
 from stabexp.train.trainer import train
 
 
@@ -48,7 +48,7 @@ def test_row_angles_and_zero_angle_when_lr_is_zero():
     probe.snapshot()
     model(torch.randn(5, 1, 4)).sum().backward()
     opt.step()
-    norms, angles, rows, grads = probe.measure()
+    norms, angles, rows, grads, cosines = probe.measure()
     assert grads.gt(0).all()
     assert angles.eq(0).all() and rows.eq(0).all()
     assert torch.allclose(norms, torch.stack([w.detach().norm() for w in probe.weights]))
@@ -60,7 +60,7 @@ def test_row_angles_and_zero_angle_when_lr_is_zero():
         turned = torch.randn(4)
         turned -= (turned @ row) / (row @ row) * row
         probe.weights[0][0] = turned * row.norm() / turned.norm()
-    _, angles, rows, _ = probe.measure()
+    _, angles, rows, _, _ = probe.measure()
     assert rows[0].item() == pytest.approx(math.pi / 16, rel=1e-4)
     assert 0 < angles[0] < math.pi / 2 and angles[1:].eq(0).all() and rows[1:].eq(0).all()
 
@@ -72,6 +72,39 @@ def test_scale_invariance_marker_on_a_known_model():
     assert flags == [True, True, True, False]  # hidden W -> LN: invariant; the head is not
     before = [w.detach().clone() for w in WeightProbe(model).weights]
     assert all(torch.equal(a, b) for a, b in zip(before, WeightProbe(model).weights))
+
+
+def test_the_cosine_of_a_weight_and_its_gradient():
+    """grad_cosine is taken with the weight the gradient was computed at (the snapshot), and is
+    NaN where there is no gradient."""
+    model = NormMLP(NormMLPConfig(in_dim=4, width=8, depth=2, classes=3))
+    probe = WeightProbe(model)
+    probe.snapshot()
+    first, second, head = probe.weights
+    first.grad = 3 * first.detach().clone()                  # along the weight: cos 1
+    turned = torch.randn_like(second)
+    second.grad = turned - (turned * second).sum() / (second * second).sum() * second  # orthogonal: cos 0
+    with torch.no_grad():
+        first.add_(1.0)                                      # the step moved it: still the snapshot's cosine
+    cosines = probe.measure()[4]
+    assert cosines[0].item() == pytest.approx(1.0, abs=1e-6)
+    assert abs(cosines[1].item()) < 1e-6
+    assert math.isnan(cosines[2].item())                     # the head has no gradient
+
+
+def test_property_2_holds_for_the_invariant_weights_alone():
+    """Wan et al. 2021 Property 2 on NormMLP's hidden weights, to float32 rounding; the head,
+    which scaling changes, is far from it; the model and its random streams are left as they were."""
+    model = NormMLP(NormMLPConfig(in_dim=4, width=8, depth=3, classes=3))
+    x = torch.randn(32, 1, 4, generator=torch.Generator().manual_seed(0))
+    flags = scale_invariance(model, lambda: model(x))
+    before = [p.detach().clone() for p in model.parameters()]
+    rng = torch.get_rng_state()
+    assert grad_scaling_error(model, lambda: model(x), flags) < 1e-4
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters()) and torch.equal(rng, torch.get_rng_state())
+    assert grad_scaling_error(model, lambda: model(x), [False, False, False, True]) > 0.1  # the head
+    assert grad_scaling_error(model, lambda: model(x), [False] * 4) is None
 
 
 SMD = ["model=normmlp", "task=teacher", "depth=2", "optim=sgd", "train.lr=0.1", "optim.weight_decay=0.01",
@@ -98,6 +131,9 @@ def test_a_normmlp_run_logs_every_weight_with_its_marker_and_the_theory(make_cfg
     later = weights[weights.step > 0]
     assert later.angular_update.gt(0).all() and later.grad_norm.gt(0).all()
     assert (later.effective_lr - 0.1 / later.weight_norm ** 2).abs().max() < 1e-9
+    assert first.grad_cosine.isna().all() and later.grad_cosine.notna().all()
+    assert later[later.scale_invariant].grad_cosine.abs().max() < 1e-3  # Property 1
+    assert summary["grad_scaling_error"] < 1e-3  # Property 2
 
 
 @pytest.mark.parametrize("name", ["sgd", "sgdm", "adam", "adamw"])

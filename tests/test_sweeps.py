@@ -250,6 +250,17 @@ def test_a_relaunched_sweep_starts_no_process_for_its_finished_jobs(stabexp_main
     assert "# sweep:" not in again.stderr  # nothing was launched
 
 
+def test_a_resumed_job_costs_only_the_steps_past_its_checkpoint(tmp_path):
+    """The time left of a resumed sweep: a job stopped at step 156 of 200 has 44 steps to go."""
+    stopped, fresh = tmp_path / "stopped", tmp_path / "fresh"
+    stopped.mkdir()
+    (stopped / "summary.json").write_text(json.dumps({"status": "interrupted", "checkpoint_step": 156}))
+    assert sweep.steps_left(stopped, 200) == 44
+    assert sweep.steps_left(fresh, 200) == 200
+    (stopped / "summary.json").write_text(json.dumps({"status": "running"}))  # started, never checkpointed
+    assert sweep.steps_left(stopped, 200) == 200
+
+
 @pytest.mark.parametrize("sweep", [
     ["seed=0,1,2", "depth=2,6", "train.lr=1e-3,5e-4", "optim.betas=[0.9,0.98],[0.9,0.999]"],
     ["experiment=deepnet_depth", "scale=quick"],

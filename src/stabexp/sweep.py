@@ -63,7 +63,7 @@ class Job:
     config: DictConfig
     out_dir: Path
     memory: int       # estimated peak bytes (memory.run_bytes)
-    cost: float       # steps x layers: the share of the sweep's time it is expected to take
+    cost: float       # steps still to run x layers: the share of the sweep's time it is expected to take
     threads: int      # train.threads (0: not set)
     on_gpu: bool
 
@@ -397,8 +397,19 @@ def jobs_of(launcher_config: DictConfig, config_loader, job_overrides: Sequence[
         layers = sum(stack_depths(task_cfg))
         on_gpu = task_cfg.train.device == "cuda" or (task_cfg.train.device == "auto" and _has_gpu())
         jobs.append(Job(idx, list(overrides), config, out_dir, run_bytes(task_cfg),
-                        float(max(task_cfg.train.steps, 1) * layers), int(task_cfg.train.threads), on_gpu))
+                        float(max(steps_left(out_dir, task_cfg.train.steps), 1) * layers),
+                        int(task_cfg.train.threads), on_gpu))
     return jobs
+
+
+def steps_left(out_dir: Path, steps: int) -> int:
+    """The steps a job has still to run: those past the checkpoint its folder's summary names
+    (a run stopped and resumed), all of them otherwise. A resumed sweep's time left is counted
+    from these: a job resumed near its end took minutes, not its whole run's time."""
+    from stabexp.train.files import read_summary
+
+    summary = read_summary(out_dir) or {}
+    return max(steps - int(summary.get("checkpoint_step") or 0), 0)
 
 
 def task_config(config: DictConfig) -> DictConfig:

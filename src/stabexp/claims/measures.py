@@ -46,7 +46,8 @@ RECIPE_OF = {"deepnet_depth_law": "lm_depth", "deepnet_lm_depth": "lm_depth", "c
 
 # Columns of summary.json (collect's runs table) kept as measures.
 SUMMARY_MEASURES = ("final_eval_loss", "final_eval_acc", "test_loss", "test_bleu", "steps_done", "diverged_at_step",
-                    "chance_loss", "unigram_eval_loss", "position_only_eval_loss", "source_counts_eval_loss", "lr")
+                    "chance_loss", "unigram_eval_loss", "position_only_eval_loss", "source_counts_eval_loss", "lr",
+                    "grad_scaling_error")
 UPDATE_STEPS = (1, 2, 10, 29, 30)
 TRANSLATION_TASKS = ("multi30k", "translation", "iwslt14_de_en", "wmt14_en_de")
 # A run "trains" when its final eval loss beats the rule that ignores the input (the unigram model
@@ -247,6 +248,26 @@ def _late_probes(tables) -> List[pd.DataFrame]:
             out.append(_per_run(smd, "norm_ratio", "smd_norm_ratio"))
     if not layers.empty and {"weight_norm", "scale_invariant"} <= set(layers.columns):
         out += _norm_growth(layers)
+    if not layers.empty and {"grad_cosine", "scale_invariant"} <= set(layers.columns):
+        out += _grad_cosines(layers)
+    return out
+
+
+def _grad_cosines(layers: pd.DataFrame) -> List[pd.DataFrame]:
+    """Wan et al. 2021 Property 1, per run: the largest |cos(w, grad L(w))| over its
+    scale-invariant weights and probe steps (0 by the property), and the median of the same over
+    its other weights, which the property does not cover."""
+    rows = layers.dropna(subset=["grad_cosine"])
+    if rows.empty:
+        return []
+    flag, cos = is_scale_invariant(rows), rows.grad_cosine.abs()
+    out = []
+    if flag.any():
+        out.append(cos[flag].groupby(rows.run[flag]).max().rename("value").reset_index()
+                   .assign(measure="smd_grad_cosine_max"))
+    if (~flag).any():
+        out.append(cos[~flag].groupby(rows.run[~flag]).median().rename("value").reset_index()
+                   .assign(measure="smd_other_grad_cosine"))
     return out
 
 

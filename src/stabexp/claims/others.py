@@ -57,6 +57,28 @@ def _smd_no_decay(ev: Evidence):
     return (HOLDS if every(sgd >= 1 - 1e-5) else PARTLY if every(sgd >= 0.99) else DOES_NOT_HOLD), measured
 
 
+def _float32_exact(measure: str, what: str, other: str = ""):
+    def criterion(ev: Evidence):
+        runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
+        values = runs[measure]  # a run without the measure (NaN) fails every() below
+        beside = f"; {other} {runs[OTHER_COSINE].median():.2g} (median)" if other and OTHER_COSINE in runs else ""
+        measured = f"{what} at most {values.max():.1e} over {len(values)} runs ({runs.seed.nunique()} seeds){beside}"
+        return (HOLDS if every(values <= 1e-3) else PARTLY if every(values <= 1e-2) else DOES_NOT_HOLD), measured
+    criterion.__doc__ = (f"""Per run of the smd settings, the {what} (measures: {measure}), 0 in exact
+        arithmetic. Holds when it is at most 1e-3 in every run (float32 rounding, and LayerNorm's
+        ε, which makes the invariance approximate); partly when at most 1e-2 in every run;
+        otherwise it does not hold.""")
+    return criterion
+
+
+OTHER_COSINE = "smd_other_grad_cosine"
+# Wan et al. 2021 Property 1, at every probe step: ⟨w, ∇L(w)⟩ = 0 for a scale-invariant w.
+_smd_orthogonal = _float32_exact("smd_grad_cosine_max", "largest |cos(w, ∇L(w))| of a scale-invariant weight",
+                                 other="the head's |cos| (not scale-invariant)")
+# Wan et al. 2021 Property 2, at init: ∇L(kw) = ∇L(w) / k (k = 2, probes/weights.py).
+_smd_grad_scale = _float32_exact("grad_scaling_error", "largest ‖2 ∇L(2w) − ∇L(w)‖ / ‖∇L(w)‖ at init")
+
+
 def _highest_lr(runs):
     return with_setting(runs, "train.lr", "3e-1")
 
@@ -253,6 +275,19 @@ CLAIMS = [
           command="stabexp run experiment=smd seed=0,1,2 optim.weight_decay=0",
           needs=(Cells("smd", ("normmlp",), (3,), settings=tuple(SMD_NO_DECAY), measures=("smd_norm_min_growth",)),), criterion=_smd_no_decay,
           section="9-equilibrium-angular-update-spherical-motion-dynamics"),
+    Claim(id="smd-orthogonal", source="Spherical motion dynamics (Wan et al. 2021 Property 1)",
+          statement="A scale-invariant weight is orthogonal to its gradient",
+          paper="⟨w, ∇L(w)⟩ = 0", evidence="NormMLP on the teacher task, 6000 steps, 12 (optimiser, lr, λ) settings, every probe step",
+          command="stabexp run experiment=smd seed=0,1,2",
+          needs=(Cells("smd", ("normmlp",), (3,), settings=tuple(SMD_SETTINGS),
+                       measures=("smd_grad_cosine_max", OTHER_COSINE)),), criterion=_smd_orthogonal,
+          section="9-equilibrium-angular-update-spherical-motion-dynamics"),
+    Claim(id="smd-grad-scale", source="Spherical motion dynamics (Wan et al. 2021 Property 2)",
+          statement="Scaling a scale-invariant weight by k divides its gradient by k",
+          paper="∇L(kw) = ∇L(w) / k", evidence="NormMLP on the teacher task at init, 12 (optimiser, lr, λ) settings, k = 2",
+          command="stabexp run experiment=smd seed=0,1,2",
+          needs=(Cells("smd", ("normmlp",), (3,), settings=tuple(SMD_SETTINGS), measures=("grad_scaling_error",)),),
+          criterion=_smd_grad_scale, section="9-equilibrium-angular-update-spherical-motion-dynamics"),
     Claim(id="wortsman-qk-layernorm", source="Wortsman et al. 2023",
           statement="qk-layernorm stops attention-logit growth and lowers LR sensitivity",
           paper="qualitative", evidence=LM_SWEEP, command="stabexp run experiment=lr_sensitivity seed=0,1,2",

@@ -76,6 +76,7 @@ def collect(outputs: Path) -> Tables:
                      "wall_seconds": summary.get("wall_seconds"), "steps_per_second": summary.get("steps_per_second"),
                      "peak_memory_mib": summary.get("peak_memory_mib"),
                      "features_init_norm": summary.get("features_init_norm"),
+                     "grad_scaling_error": summary.get("grad_scaling_error"),
                      **{key: (summary.get("data") or {}).get(key) for key in DATA_REFERENCES}})
         for name, sink in files.items():
             path = folder / f"{name}.csv"

@@ -7,7 +7,10 @@ rotational equilibrium, Kosson et al. 2023; docs/methods.md, "Probes").
 - effective_lr, the step size that a scale-invariant weight actually feels: eta / ||w_t||^2 under
   SGD, eta / ||w_t|| under Adam (theory.effective_lr);
 - scale_invariant: whether scaling the weight leaves the model's output unchanged (tested, not
-  assumed, on the model at hand).
+  assumed, on the model at hand);
+- grad_cosine, the cosine between a weight and its gradient at the step (Wan et al. 2021,
+  Property 1: 0 for a scale-invariant weight), and at init, into the summary, how far the
+  gradient of the scale-invariant weights is from Property 2's grad L(kw) = grad L(w) / k.
 Theory values for these: stabexp/theory.py.
 """
 
@@ -86,16 +89,21 @@ class WeightProbe:
 
     @torch.no_grad()
     def measure(self) -> torch.Tensor:
-        """(4, n): ||w||, the angle from the snapshot, the mean angle of the rows, and ||grad||
-        (0 without a gradient)."""
+        """(5, n): ||w||, the angle from the snapshot, the mean angle of the rows, ||grad|| (0
+        without a gradient), and the cosine between the snapshot (the weight the gradient was
+        taken at) and the gradient (NaN without one)."""
         if self.reduce is not None:
             return self._measure_shards()
         norms = torch.stack(torch._foreach_norm([w.detach() for w in self.weights])).float()
         angles = torch.stack([angle(p, w) for p, w in zip(self.previous, self.weights)])
         rows = torch.stack([angle(p.flatten(1), w.flatten(1), dim=1).mean()
                             for p, w in zip(self.previous, self.weights)])
-        grads = torch.stack(torch._foreach_norm(self._grads())).float()
-        return torch.stack([norms, angles.float(), rows.float(), grads])
+        grads = self._grads()
+        grad_norms = torch.stack(torch._foreach_norm(grads)).float()
+        dots = torch.stack([(p.float() * g.float()).sum() for p, g in zip(self.previous, grads)])
+        previous_norms = torch.stack(torch._foreach_norm(self.previous)).float()
+        return torch.stack([norms, angles.float(), rows.float(), grad_norms,
+                            cosine(dots, previous_norms, grad_norms)])
 
     def _measure_shards(self) -> torch.Tensor:
         current = [local(w).detach().float() for w in self.weights]
@@ -103,7 +111,9 @@ class WeightProbe:
         square = lambda ts: torch.stack(torch._foreach_norm(ts)) ** 2
         row_sums = torch.stack([angle(p.flatten(1), w.flatten(1), dim=1).sum() if w.numel() else w.new_zeros(())
                                 for p, w in zip(previous, current)])
-        sums = self.reduce(torch.stack([square(current), square(previous), square(self._grads()).float(), row_sums]))
+        grads = [g.float() for g in self._grads()]
+        dots = torch.stack([(p * g).sum() for p, g in zip(previous, grads)])
+        sums = self.reduce(torch.stack([square(current), square(previous), square(grads), row_sums, dots]))
         norms, previous_norms = sums[0].sqrt(), sums[1].sqrt()
         # angle()'s Kahan form on the whole tensors, its two norms summed over the shards.
         u = torch._foreach_div(previous, list(previous_norms.unbind()))
@@ -111,7 +121,13 @@ class WeightProbe:
         sides = self.reduce(torch.stack([square(torch._foreach_sub(u, v)), square(torch._foreach_add(u, v))]))
         angles = 2 * torch.atan2(sides[0].sqrt(), sides[1].sqrt())
         rows = sums[3] / torch.tensor([w.shape[0] for w in self.weights], device=sums.device)
-        return torch.stack([norms, angles, rows, sums[2].sqrt()])
+        return torch.stack([norms, angles, rows, sums[2].sqrt(), cosine(sums[4], previous_norms, sums[2].sqrt())])
+
+
+def cosine(dots: torch.Tensor, a_norms: torch.Tensor, b_norms: torch.Tensor) -> torch.Tensor:
+    """<a, b> / (||a|| ||b||), NaN where either is 0 (no gradient: no direction to compare)."""
+    norms = a_norms * b_norms
+    return torch.where(norms > 0, dots / norms.clamp_min(torch.finfo(norms.dtype).tiny), float("nan"))
 
 
 @torch.no_grad()
@@ -131,16 +147,46 @@ def scale_invariance(model: nn.Module, forward: Callable[[], torch.Tensor], fact
     return flags
 
 
+def grad_scaling_error(model: nn.Module, forward: Callable[[], torch.Tensor], invariant: List[bool],
+                       factor: float = 2.0) -> Optional[float]:
+    """Wan et al. 2021, Property 2, on the scale-invariant weights (`invariant`, WeightProbe
+    order): the largest over them of ||k grad L(kw) - grad L(w)|| / ||grad L(w)||, with k =
+    `factor` and L a fixed random projection of the output (any function of an output that
+    scaling w leaves unchanged has the property). Every invariant weight is scaled at once,
+    each being invariant alone; two backward passes through autograd.grad, no .grad touched, no
+    draw from the run's random streams, the weights restored bit for bit (x 2, / 2). None
+    without a scale-invariant weight."""
+    weights = [w for (*_, w), inv in zip(weight_matrices(model), invariant) if inv]
+    if not weights:
+        return None
+    with eval_mode(model):
+        out = forward()
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        direction = torch.randn(out.shape, generator=generator, dtype=torch.float32).to(out.device, out.dtype)
+        at_w = torch.autograd.grad((out * direction).sum(), weights)
+        with torch.no_grad():
+            torch._foreach_mul_(weights, factor)
+        try:
+            at_kw = torch.autograd.grad((forward() * direction).sum(), weights)
+        finally:
+            with torch.no_grad():
+                torch._foreach_div_(weights, factor)
+    errors = [torch.linalg.vector_norm(factor * b - a) / torch.linalg.vector_norm(a).clamp_min(1e-30)
+              for a, b in zip(at_w, at_kw)]
+    return float(torch.stack(errors).max())
+
+
 class Weights(Probe):
     """probe.weights: a layers row per weight matrix at every probe step (its norm, the angular
     update of the step, the effective lr, whether it is scale-invariant), and at init the
-    equilibrium norms theory.py predicts, into the summary beside the other equilibria."""
+    equilibrium norms theory.py predicts, into the summary beside the other equilibria, and
+    Property 2's error (grad_scaling_error) where some weight is scale-invariant."""
 
     name = flag = "weights"
     needs = (PROBE_BATCH,)
     combine = SUM_OF_SQUARES  # norms, angles and row sums from the local shards (WeightProbe)
     layers_columns = ("param", "grad_norm", "weight_norm", "angular_update", "row_angular_update",
-                      "effective_lr", "scale_invariant", "elements")
+                      "effective_lr", "scale_invariant", "elements", "grad_cosine")
 
     @classmethod
     def enabled(cls, cfg) -> bool:
@@ -162,8 +208,12 @@ class Weights(Probe):
 
     def at_init(self) -> None:
         ctx = self.ctx
-        self.scale_invariant = scale_invariance(ctx.model, lambda: ctx.adapter.output(ctx.probe_batch))
+        output = lambda: ctx.adapter.output(ctx.probe_batch)
+        self.scale_invariant = scale_invariance(ctx.model, output)
         self._equilibrium_norms(ctx.summary)
+        # Under FSDP2 the parameters are shards, whose gradients autograd.grad would not gather.
+        ctx.summary["grad_scaling_error"] = (None if ctx.sharded else
+                                             grad_scaling_error(ctx.model, output, self.scale_invariant))
 
     def _equilibrium_norms(self, summary: Dict) -> None:
         if "theory" not in summary:
@@ -183,7 +233,7 @@ class Weights(Probe):
     def measure(self, step: int) -> Rows:
         """One layers row per weight matrix; the step's own columns are empty where the weights
         did not move in it (step 0)."""
-        norms, angles, row_angles, grads = self.probe.measure().tolist()  # one host sync
+        norms, angles, row_angles, grads, cosines = self.probe.measure().tolist()  # one host sync
         moved, self.moved = self.moved, False
         lr, nan = self.ctx.lr(), float("nan")
         return Rows(layers=[
@@ -191,9 +241,10 @@ class Weights(Probe):
              "grad_norm": g if moved else nan, "weight_norm": n,
              "angular_update": a if moved else nan, "row_angular_update": r if moved else nan,
              "effective_lr": theory.effective_lr(self.ctx.optimiser, lr, n), "scale_invariant": inv,
-             "elements": w.numel()}
-            for (stack, layer, sublayer, param), w, n, a, r, g, inv
-            in zip(self.probe.keys, self.probe.weights, norms, angles, row_angles, grads, self.scale_invariant)])
+             "elements": w.numel(), "grad_cosine": c if moved else nan}
+            for (stack, layer, sublayer, param), w, n, a, r, g, inv, c
+            in zip(self.probe.keys, self.probe.weights, norms, angles, row_angles, grads, self.scale_invariant,
+                   cosines)])
 
     def state_dict(self) -> Dict:
         # The snapshot lives from before_step to measure within one step, never across a

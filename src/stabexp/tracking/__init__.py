@@ -173,7 +173,7 @@ class Trackers:
 # matrix and do not change).
 LAYER_VALUES = ("grad_norm", "ln_input_norm", "stream_norm", "max_attn_logit", "relative_update",
                 "input_change", "w2_grad_norm", "output_grad_norm", "weight_norm", "angular_update",
-                "row_angular_update", "effective_lr")
+                "row_angular_update", "effective_lr", "grad_cosine")
 
 
 def layer_scalars(row: Dict) -> Dict[str, float]:

@@ -42,7 +42,8 @@ METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (tr
 # A row is a residual sublayer (param empty) or, with probe.weights, one weight matrix (param set).
 LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm", "stream_norm",
                   "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "output_grad_norm",
-                  "weight_norm", "angular_update", "row_angular_update", "effective_lr", "scale_invariant", "elements"]
+                  "weight_norm", "angular_update", "row_angular_update", "effective_lr", "scale_invariant", "elements",
+                  "grad_cosine"]
 
 
 def eval_results(result: Dict, row: Dict) -> None:
