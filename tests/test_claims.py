@@ -927,10 +927,13 @@ def test_smd_norm_and_no_decay_flip():
         assert verdict(claim, rows(worst=1e-3, measure=measure, rest=1e-6, **other)) == HOLDS
         assert verdict(claim, rows(worst=2e-3, measure=measure, rest=1e-6, **other)) == PARTLY
         assert verdict(claim, rows(worst=2e-2, measure=measure, rest=1e-6, **other)) == DOES_NOT_HOLD
+        assert verdict(claim, rows(worst=1e-2, measure=measure, rest=1e-6, **other)) == PARTLY
+        extra_seed = run("smd", "normmlp", 3, seed=3, setting=others.SMD_SETTINGS[0], task="teacher", final_eval_loss=1.0)
+        assert verdict(claim, rows(worst=1e-6, measure=measure, rest=1e-6, **other) + extra_seed) == DOES_NOT_HOLD
 
 
 def test_the_new_measures_come_out_of_the_tables():
-    from stabexp.claims.measures import _dependency, _norm_growth, _spread_over_sublayers
+    from stabexp.claims.measures import _dependency, _grad_cosines, _norm_growth, _spread_over_sublayers
 
     # beta rows of a 4-sublayer encoder at init: beta_ii falling 0.6 -> 0.3 along sublayers 2..4.
     dep = []
@@ -951,3 +954,10 @@ def test_the_new_measures_come_out_of_the_tables():
     weights = pd.DataFrame([{"run": "r", "step": t, "stack": "s", "layer": 0, "sublayer": "ffn", "param": "w",
                              "weight_norm": n, "scale_invariant": True} for t, n in ((0, 1.0), (10, 1.2), (20, 1.1))])
     assert pd.concat(_norm_growth(weights)).value.iloc[0] == pytest.approx(1.1 / 1.2)
+    # Property 1's measures: the largest |cos| of the invariant weights, the median of the others.
+    cosines = pd.DataFrame([{"run": "r", "step": t, "param": p, "scale_invariant": inv, "grad_cosine": c}
+                            for t, p, inv, c in ((0, "w", True, np.nan), (10, "w", True, -2e-5), (20, "w", True, 1e-5),
+                                                 (10, "head", False, 0.3), (20, "head", False, -0.1),
+                                                 (30, "head", False, 0.2))])
+    found = pd.concat(_grad_cosines(cosines)).set_index("measure").value
+    assert found["smd_grad_cosine_max"] == pytest.approx(2e-5) and found["smd_other_grad_cosine"] == pytest.approx(0.2)

@@ -301,15 +301,15 @@ def test_the_probe_example_registered_by_its_entry_point_runs_and_resumes(stabex
     plugins.clear()  # the registries read the entry points again, this package's among them
     try:
         overrides = ["train.steps=12", "probe.every=2", "train.eval_every=4", "train.checkpoint_every=4",
-                     "probe.extra=[grad_cosine]"]
+                     "probe.extra=[grad_alignment]"]
         r = stabexp_main("run", *TINY, *overrides, "hydra.run.dir=" + str(tmp_path / "whole"))
         assert r.returncode == 0, r.stderr
-        rows = pd.read_csv(tmp_path / "whole" / "grad_cosine.csv")
+        rows = pd.read_csv(tmp_path / "whole" / "grad_alignment.csv")
         assert rows.step.tolist() == [2, 4, 6, 8, 10, 12]  # the probe steps 1, 2, 4, ...: from the second on
-        assert rows.grad_cosine.between(-1, 1).all() and rows.grad_cosine.nunique() == 6
+        assert rows.grad_alignment.between(-1, 1).all() and rows.grad_alignment.nunique() == 6
         from stabexp import api
 
-        pd.testing.assert_frame_equal(api.load_run(tmp_path / "whole").table("grad_cosine"), rows)
+        pd.testing.assert_frame_equal(api.load_run(tmp_path / "whole").table("grad_alignment"), rows)
 
         real = trainer.Run.step
 
@@ -323,7 +323,7 @@ def test_the_probe_example_registered_by_its_entry_point_runs_and_resumes(stabex
             trainer.train(cfg, tmp_path / "resumed")
         monkeypatch.setattr(trainer.Run, "step", real)
         assert trainer.train(cfg, tmp_path / "resumed")["resumed_from"] == [4]
-        resumed = pd.read_csv(tmp_path / "resumed" / "grad_cosine.csv")
+        resumed = pd.read_csv(tmp_path / "resumed" / "grad_alignment.csv")
         pd.testing.assert_frame_equal(resumed, rows, check_exact=True)
     finally:
         monkeypatch.undo()

@@ -104,6 +104,11 @@ def test_property_2_holds_for_the_invariant_weights_alone():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters()) and torch.equal(rng, torch.get_rng_state())
     assert grad_scaling_error(model, lambda: model(x), [False, False, False, True]) > 0.1  # the head
+    # The head flagged with the hidden weights: scaled together they change the output, so each
+    # is scaled alone; the head's error is the largest, and the model is left as it was.
+    assert grad_scaling_error(model, lambda: model(x), [True] * 4) == pytest.approx(
+        grad_scaling_error(model, lambda: model(x), [False, False, False, True]))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert grad_scaling_error(model, lambda: model(x), [False] * 4) is None
 
 

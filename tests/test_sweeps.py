@@ -255,10 +255,14 @@ def test_a_resumed_job_costs_only_the_steps_past_its_checkpoint(tmp_path):
     stopped, fresh = tmp_path / "stopped", tmp_path / "fresh"
     stopped.mkdir()
     (stopped / "summary.json").write_text(json.dumps({"status": "interrupted", "checkpoint_step": 156}))
+    assert sweep.steps_left(stopped, 200) == 200  # no checkpoint file: it starts again
+    (stopped / "checkpoint.pt").write_bytes(b"")
     assert sweep.steps_left(stopped, 200) == 44
+    assert sweep.steps_left(stopped, 200, overwrite=True) == 200  # overwrite=true starts it again
     assert sweep.steps_left(fresh, 200) == 200
-    (stopped / "summary.json").write_text(json.dumps({"status": "running"}))  # started, never checkpointed
-    assert sweep.steps_left(stopped, 200) == 200
+    for summary in ({"status": "running"}, {"status": "interrupted", "checkpoint_step": "156"}):  # none, or not a step
+        (stopped / "summary.json").write_text(json.dumps(summary))
+        assert sweep.steps_left(stopped, 200) == 200
 
 
 @pytest.mark.parametrize("sweep", [

@@ -78,7 +78,7 @@ class Run:
         return self.summary.get("status", "unknown")
 
     def table(self, name: str) -> pd.DataFrame:
-        """Any CSV file of the folder by its name (`grad_cosine` for grad_cosine.csv): the file of a
+        """Any CSV file of the folder by its name (`grad_alignment` for grad_alignment.csv): the file of a
         plug-in probe (probe.extra); empty when the folder has none."""
         return _csv(self.folder / f"{name}.csv")
 

@@ -397,19 +397,24 @@ def jobs_of(launcher_config: DictConfig, config_loader, job_overrides: Sequence[
         layers = sum(stack_depths(task_cfg))
         on_gpu = task_cfg.train.device == "cuda" or (task_cfg.train.device == "auto" and _has_gpu())
         jobs.append(Job(idx, list(overrides), config, out_dir, run_bytes(task_cfg),
-                        float(max(steps_left(out_dir, task_cfg.train.steps), 1) * layers),
+                        float(max(steps_left(out_dir, task_cfg.train.steps, task_cfg.overwrite), 1) * layers),
                         int(task_cfg.train.threads), on_gpu))
     return jobs
 
 
-def steps_left(out_dir: Path, steps: int) -> int:
-    """The steps a job has still to run: those past the checkpoint its folder's summary names
-    (a run stopped and resumed), all of them otherwise. A resumed sweep's time left is counted
-    from these: a job resumed near its end took minutes, not its whole run's time."""
+def steps_left(out_dir: Path, steps: int, overwrite: bool = False) -> int:
+    """The steps a job has still to run: those past the checkpoint its folder holds and its
+    summary names (a run stopped, to be resumed), all of them otherwise (no checkpoint, or
+    `overwrite`, which starts the run again). A resumed sweep's time left is counted from these:
+    a job resumed near its end takes minutes, not its whole run's time (its start and final
+    evaluation aside, which this count leaves out)."""
+    from stabexp.train.checkpoint import CHECKPOINT
     from stabexp.train.files import read_summary
 
-    summary = read_summary(out_dir) or {}
-    return max(steps - int(summary.get("checkpoint_step") or 0), 0)
+    done = (read_summary(out_dir) or {}).get("checkpoint_step")
+    if overwrite or not isinstance(done, int) or isinstance(done, bool) or not (Path(out_dir) / CHECKPOINT).is_file():
+        return steps
+    return min(max(steps - done, 0), steps)
 
 
 def task_config(config: DictConfig) -> DictConfig:

@@ -112,8 +112,9 @@ class WeightProbe:
         row_sums = torch.stack([angle(p.flatten(1), w.flatten(1), dim=1).sum() if w.numel() else w.new_zeros(())
                                 for p, w in zip(previous, current)])
         grads = [g.float() for g in self._grads()]
-        dots = torch.stack([(p * g).sum() for p, g in zip(previous, grads)])
-        sums = self.reduce(torch.stack([square(current), square(previous), square(grads), row_sums, dots]))
+        sums = self.reduce(torch.stack([square(current), square(previous), square(grads), row_sums]))
+        # A collective of its own: the one above keeps its size, and so its sums' order over the ranks.
+        dots = self.reduce(torch.stack([(p * g).sum() for p, g in zip(previous, grads)]))
         norms, previous_norms = sums[0].sqrt(), sums[1].sqrt()
         # angle()'s Kahan form on the whole tensors, its two norms summed over the shards.
         u = torch._foreach_div(previous, list(previous_norms.unbind()))
@@ -121,7 +122,7 @@ class WeightProbe:
         sides = self.reduce(torch.stack([square(torch._foreach_sub(u, v)), square(torch._foreach_add(u, v))]))
         angles = 2 * torch.atan2(sides[0].sqrt(), sides[1].sqrt())
         rows = sums[3] / torch.tensor([w.shape[0] for w in self.weights], device=sums.device)
-        return torch.stack([norms, angles, rows, sums[2].sqrt(), cosine(sums[4], previous_norms, sums[2].sqrt())])
+        return torch.stack([norms, angles, rows, sums[2].sqrt(), cosine(dots, previous_norms, sums[2].sqrt())])
 
 
 def cosine(dots: torch.Tensor, a_norms: torch.Tensor, b_norms: torch.Tensor) -> torch.Tensor:
@@ -148,29 +149,40 @@ def scale_invariance(model: nn.Module, forward: Callable[[], torch.Tensor], fact
 
 
 def grad_scaling_error(model: nn.Module, forward: Callable[[], torch.Tensor], invariant: List[bool],
-                       factor: float = 2.0) -> Optional[float]:
-    """Wan et al. 2021, Property 2, on the scale-invariant weights (`invariant`, WeightProbe
-    order): the largest over them of ||k grad L(kw) - grad L(w)|| / ||grad L(w)||, with k =
-    `factor` and L a fixed random projection of the output (any function of an output that
-    scaling w leaves unchanged has the property). Every invariant weight is scaled at once,
-    each being invariant alone; two backward passes through autograd.grad, no .grad touched, no
-    draw from the run's random streams, the weights restored bit for bit (x 2, / 2). None
-    without a scale-invariant weight."""
+                       factor: float = 2.0, rtol: float = 1e-4) -> Optional[float]:
+    """Wan et al. 2021, Property 2, on the weights flagged scale-invariant (`invariant`,
+    WeightProbe order): the largest over them of ||k grad L(kw) - grad L(w)|| / ||grad L(w)||,
+    with k = `factor` and L a fixed random projection of the output (any function of an output
+    that scaling w leaves unchanged has the property). The flagged weights are scaled at once,
+    in two backward passes; where that changes the output (weights that pass scale_invariance's
+    test only at this point, as those feeding a zero-initialised branch do), one at a time.
+    Through autograd.grad: no .grad touched, no draw from the run's random streams, the weights
+    restored bit for bit (x 2, / 2). None without a flagged weight."""
     weights = [w for (*_, w), inv in zip(weight_matrices(model), invariant) if inv]
     if not weights:
         return None
     with eval_mode(model):
         out = forward()
+        tol = rtol * out.detach().abs().max().clamp_min(1e-12)
         generator = torch.Generator(device="cpu").manual_seed(0)
         direction = torch.randn(out.shape, generator=generator, dtype=torch.float32).to(out.device, out.dtype)
         at_w = torch.autograd.grad((out * direction).sum(), weights)
-        with torch.no_grad():
-            torch._foreach_mul_(weights, factor)
-        try:
-            at_kw = torch.autograd.grad((forward() * direction).sum(), weights)
-        finally:
+
+        def scaled(chosen: List[torch.Tensor]):
+            """Whether the output stays with `chosen` scaled by k, and their gradients there."""
             with torch.no_grad():
-                torch._foreach_div_(weights, factor)
+                torch._foreach_mul_(chosen, factor)
+            try:
+                moved = forward()
+                return bool(((moved - out).abs().max() <= tol).item()), torch.autograd.grad(
+                    (moved * direction).sum(), chosen)
+            finally:
+                with torch.no_grad():
+                    torch._foreach_div_(chosen, factor)
+
+        together, at_kw = scaled(weights)
+        if not together:
+            at_kw = [scaled([w])[1][0] for w in weights]
     errors = [torch.linalg.vector_norm(factor * b - a) / torch.linalg.vector_norm(a).clamp_min(1e-30)
               for a, b in zip(at_w, at_kw)]
     return float(torch.stack(errors).max())
