@@ -475,7 +475,7 @@ CLAIMS = [
                  measures=("final_eval_loss", "final_eval_acc")),),
           criterion=_trains_where_postln_fails("deepnet_1000_layers", 500, solve_acc=0.9), section="21-a-thousand-layers-deepnets-title",
           revised="2026-12-05, before its seeds 1 and 2 were read, after an independent review: the statement said \"to the best quality of the paper's models\", which the rule never tested and this preset (one depth) cannot; quality against depth is deepnet-fig8's claim, and the statement now says what the rule tests. A Post-LN that trains as well is the precondition failing: not shown, no longer partly (not run → not run).",
-          cost="about 1 h here per seed packed two at a time: 200 steps of 5.6-7.9 s per run at one thread (seeds 1 and 2, 2026-12-06, docs/data/deepnet_cells.csv); one GPU: not measured, the GPU path has not run"),
+          cost="about 33 min here per seed, its three runs packed two at a time: 200 steps at 5.6-7.9 s each, one thread per run (seeds 1 and 2, 2026-12-06, docs/data/deepnet_cells.csv; 66 min for the six); one GPU: not measured, the GPU path has not run"),
     Claim(id="deepnet-1000-layers-lm", source="DeepNet's title, decoder-only",
           statement="A 1,000-layer decoder-only model trains with DeepNorm",
           paper="no number", evidence=LM.replace("500 steps", "200 steps") + ", 1,000 layers",
