@@ -483,7 +483,7 @@ CLAIMS = [
           needs=(Cells("lm_1000_layers", ("deepnorm", "postln", "postln_warmup"), (1000,), measures=("final_eval_loss",)),),
           criterion=_trains_where_postln_fails("lm_1000_layers", 1000), section="21-a-thousand-layers-deepnets-title",
           revised="2026-12-05, before its seeds 1 and 2 were read, after an independent review: a Post-LN that trains as well is the precondition failing: not shown, no longer partly (not run → not run).",
-          cost="about 3.2 h here: two more seeds of lm_1000_layers, whose one seed took about 97 min (its cost line); one GPU: not measured, the GPU path has not run"),
+          cost="about 28 min here per seed, its three runs packed two at a time: 200 steps at 5.0-5.7 s each, one thread per run (seeds 1 and 2, 2026-12-06, docs/data/deepnet_cells.csv); one GPU: not measured, the GPU path has not run"),
     Claim(id="deepnet-fig7", source="DeepNet Fig. 7 (v1)",
           statement="An 18L-18L DeepNet's validation loss stays close under lr × 0.5 / 1.5, batch × 2 / 4, width 1.5× / 2×",
           paper="final 3.88-4.13 (WMT-17)", evidence=MULTI30K + ", 18L-18L",
