@@ -131,25 +131,32 @@ def cosine(dots: torch.Tensor, a_norms: torch.Tensor, b_norms: torch.Tensor) -> 
     return torch.where(norms > 0, dots / norms.clamp_min(torch.finfo(norms.dtype).tiny), float("nan"))
 
 
+INVARIANCE_RTOL = 1e-4  # an output "unchanged" by a scaling: within this share of its largest |value|
+
+
+def unchanged(output: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether `output` is `base` to within INVARIANCE_RTOL of base's largest |value|."""
+    tol = INVARIANCE_RTOL * base.detach().abs().max().clamp_min(1e-12)
+    return bool(((output.detach() - base.detach()).abs().max() <= tol).item())
+
+
 @torch.no_grad()
-def scale_invariance(model: nn.Module, forward: Callable[[], torch.Tensor], factor: float = 2.0,
-                     rtol: float = 1e-4) -> List[bool]:
+def scale_invariance(model: nn.Module, forward: Callable[[], torch.Tensor], factor: float = 2.0) -> List[bool]:
     """For each weight matrix (WeightProbe order): is the output unchanged when the weight alone
     is multiplied by `factor`? Multiplying and dividing by 2 is exact in floating point, so the
     model is restored bit for bit. Costs one forward pass per matrix: run once, at init."""
     with eval_mode(model):
         base = forward()
-        tol = rtol * base.abs().max().clamp_min(1e-12)
         flags = []
         for *_, w in weight_matrices(model):
             w.mul_(factor)
-            flags.append(bool(((forward() - base).abs().max() <= tol).item()))
+            flags.append(unchanged(forward(), base))
             w.div_(factor)
     return flags
 
 
 def grad_scaling_error(model: nn.Module, forward: Callable[[], torch.Tensor], invariant: List[bool],
-                       factor: float = 2.0, rtol: float = 1e-4) -> Optional[float]:
+                       factor: float = 2.0) -> Optional[float]:
     """Wan et al. 2021, Property 2, on the weights flagged scale-invariant (`invariant`,
     WeightProbe order): the largest over them of ||k grad L(kw) - grad L(w)|| / ||grad L(w)||,
     with k = `factor` and L a fixed random projection of the output (any function of an output
@@ -163,7 +170,6 @@ def grad_scaling_error(model: nn.Module, forward: Callable[[], torch.Tensor], in
         return None
     with eval_mode(model):
         out = forward()
-        tol = rtol * out.detach().abs().max().clamp_min(1e-12)
         generator = torch.Generator(device="cpu").manual_seed(0)
         direction = torch.randn(out.shape, generator=generator, dtype=torch.float32).to(out.device, out.dtype)
         at_w = torch.autograd.grad((out * direction).sum(), weights)
@@ -174,7 +180,7 @@ def grad_scaling_error(model: nn.Module, forward: Callable[[], torch.Tensor], in
                 torch._foreach_mul_(chosen, factor)
             try:
                 moved = forward()
-                return bool(((moved - out).abs().max() <= tol).item()), torch.autograd.grad(
+                return unchanged(moved, out), torch.autograd.grad(
                     (moved * direction).sum(), chosen)
             finally:
                 with torch.no_grad():
