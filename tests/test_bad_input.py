@@ -28,6 +28,7 @@ from conftest import one_line_error
     (["optim=lamb"], ["optim=lamb", "adamw", "sgdm"]),
     (["model=normmlp"], ["task=sort", "normmlp", "teacher"]),
     (["train.schedule=cosine"], ["train.schedule=cosine", "warmup_inverse_sqrt"]),
+    (["train.update_freq=0"], ["train.update_freq=0", ">= 1"]),
     (["experiment=nope"], ["experiment=nope", "deepnet_depth", "smd"]),
     (["scale=huge"], ["scale=huge", "quick"]),
     (["experiment=depth_table", "depth=0"], ["depth=0", ">= 1"]),

@@ -173,13 +173,17 @@ SLOW = pytest.mark.slow
 @pytest.mark.parametrize("parallel, task, extra", [
     ("ddp", "sort", []), pytest.param("fsdp", "sort", [], marks=SLOW),
     pytest.param("fsdp", "sort", ["train.activation_checkpointing=true"], marks=SLOW, id="fsdp-sort-recompute"),
-    pytest.param("ddp", "translation", [], marks=SLOW), pytest.param("fsdp", "translation", [], marks=SLOW)])
+    pytest.param("ddp", "translation", [], marks=SLOW), pytest.param("fsdp", "translation", [], marks=SLOW),
+    *[pytest.param(parallel, "sort", ["train.batch_size=4", "train.update_freq=2"], marks=SLOW,
+                   id=f"{parallel}-sort-two-batches-per-step") for parallel in ("ddp", "fsdp")]])
 def test_two_ranks_give_the_one_process_numbers(parallel, task, extra, one_process, tmp_path):
     """Loss, gradient norms per sublayer, LN input norms, attention logits, the model update,
     eval loss and BLEU of 20 steps on 2 ranks against one process: fp32 rounding apart. A
     gradient reduced as a SUM where an AVG is meant (pytorch/pytorch#162338) doubles them.
     FSDP2 with each layer's activations recomputed in the backward (activation checkpointing
-    composed with the per-layer all-gather) gives the same numbers."""
+    composed with the per-layer all-gather) gives the same numbers, and so do two batches of
+    half the rows per step (train.update_freq=2: DDP reduces once, after the last batch;
+    FSDP2 adds each batch's reduced shards)."""
     reference, tasks = one_process
     out = tmp_path / "run"
     run_ranks(compose_cfg(*tasks[task], f"train.parallel={parallel}", *extra), out)

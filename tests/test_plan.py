@@ -29,6 +29,11 @@ def test_the_fake_trace_counts_what_real_tensors_hold(world, parallel):
     assert fake["parameter_count"] == real["parameter_count"]
 
 
+def test_a_step_of_several_batches_costs_their_flops():
+    one, three = (trace(compose([*RUN, f"train.update_freq={n}"]), 1) for n in (1, 3))
+    assert three["flops"] == 3 * one["flops"] > 0
+
+
 def test_fsdp_holds_a_share_of_the_training_state():
     one = trace(compose([*RUN, "train.parallel=fsdp"]), 1)
     four = trace(compose([*RUN, "train.parallel=fsdp"]), 4)

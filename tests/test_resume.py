@@ -270,12 +270,13 @@ def test_a_schedulers_own_handler_runs_after_the_checkpoint(make_cfg, tmp_path, 
 
 
 def test_a_translation_run_resumes_mid_epoch_to_the_same_files(make_cfg, corpus_dir, tmp_path, monkeypatch):
-    """Padded batches from a length-bucketed epoch, label smoothing and dropout: the checkpoint
-    keeps the epoch's remaining batches and the stream's generator."""
+    """Padded batches from a length-bucketed epoch, two per step (train.update_freq), label
+    smoothing and dropout: the checkpoint keeps the epoch's remaining batches and the stream's
+    generator."""
     from corpus import translation_overrides
 
     cfg = make_cfg(*translation_overrides(corpus_dir), "group=postln_warmup", "train.steps=10",
-                   "train.eval_every=5", "train.checkpoint_every=3", "train.max_tokens=60", "model.dropout=0.1")
+                   "train.eval_every=5", "train.checkpoint_every=3", "train.max_tokens=60", "train.update_freq=2", "model.dropout=0.1")
     reference = trainer.train(cfg, tmp_path / "reference")
     fail_at_step(monkeypatch, cfg, tmp_path / "run", 8)
     summary = trainer.train(cfg, tmp_path / "run")

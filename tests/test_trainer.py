@@ -218,3 +218,103 @@ def test_layer_probe_grad_norms_match_a_direct_computation(make_cfg):
     for value, (*_, res) in zip(per_sublayer.tolist(), model.residuals()):
         direct = torch.sqrt(sum(p.grad.pow(2).sum() for p in res.parameters()))
         assert value == pytest.approx(direct.item(), rel=1e-5)
+
+
+def test_a_step_of_two_batches_is_one_batch_of_their_rows(make_cfg, tmp_path):
+    """train.update_freq=2 with batches of 4 rows against one batch of 8: the sort task's stream
+    draws the same rows either way, so with no dropout every column of both files agrees to
+    fp32 rounding (SGD with momentum, whose update does not amplify rounding as Adam's
+    sign-like first steps do)."""
+    common = ["group=preln", "model.dropout=0.0", "optim=sgdm", "train.lr=0.1", "train.steps=8",
+              "probe.every=1", "train.eval_every=4"]
+    train(make_cfg(*common, "train.batch_size=8"), tmp_path / "one")
+    summary = train(make_cfg(*common, "train.batch_size=4", "train.update_freq=2"), tmp_path / "two")
+    assert summary["status"] == "completed" and summary["steps_done"] == 8
+    for name in ("metrics.csv", "layers.csv"):
+        one, two = (pd.read_csv(tmp_path / run / name).drop(columns=list(WALL_CLOCK), errors="ignore")
+                    for run in ("one", "two"))
+        pd.testing.assert_frame_equal(one, two, check_exact=False, rtol=2e-5, atol=1e-6, obj=name)
+
+
+def test_the_batches_of_a_step_add_up_to_the_mean_over_all_their_tokens(make_cfg, corpus_dir):
+    """Translation batches of different lengths and token counts: each one's summed loss over
+    the count of the whole step's tokens adds up to the loss and gradient of one batch holding
+    all their rows (padded to the longest), not to a mean of the batches' means."""
+    import torch.nn.functional as F
+
+    from corpus import translation_overrides
+    from stabexp.data import make_task, prepare
+    from stabexp.model import build_model
+    from stabexp.train.losses import training_loss, update_count
+
+    cfg = make_cfg(*translation_overrides(corpus_dir), "train.label_smoothing=0.1", "train.max_tokens=60")
+    prepare(cfg)
+    task = make_task(cfg, torch.device("cpu"))
+    torch.manual_seed(0)
+    model = build_model(cfg, task.vocab_size, task.pad_id, task.max_positions)
+    batches = [task.train_batch() for _ in range(3)]
+    counts = [int(task.predicted(b[2]).sum()) for b in batches]
+    assert len({b[2].shape for b in batches}) > 1 and len(set(counts)) > 1  # the test's premise
+
+    def padded(parts):
+        width = max(t.shape[1] for t in parts)
+        return torch.cat([F.pad(t, (0, width - t.shape[1]), value=task.pad_id) for t in parts])
+
+    def gradient(loss):
+        model.zero_grad()
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    whole = tuple(padded([b[k] for b in batches]) for k in range(3))
+    mean = task.loss(model(*whole[:2]), whole[2])
+    expected = gradient(mean)
+    count = update_count(task, batches)
+    assert int(count) == sum(counts)
+    model.zero_grad()
+    total = 0.0
+    for batch in batches:
+        part = training_loss(model, task, batch, count=count)
+        part.backward()
+        total += part.item()
+    assert total == pytest.approx(mean.item(), rel=1e-5)
+    torch.testing.assert_close(torch.cat([p.grad.flatten() for p in model.parameters()]), expected,
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_a_runs_step_of_several_batches_takes_the_gradient_of_their_token_mean(make_cfg, corpus_dir, tmp_path):
+    """Run._gradient, what Run.step calls with train.update_freq > 1, on padded translation batches
+    of different token counts, z-loss included: the loss it returns and the gradient it leaves
+    are those of one batch of all their rows."""
+    import time
+
+    import torch.nn.functional as F
+
+    from corpus import translation_overrides
+    from stabexp.data import make_task, prepare
+    from stabexp.train.losses import z_loss
+    from stabexp.train.run import Run
+
+    cfg = make_cfg(*translation_overrides(corpus_dir), "train.label_smoothing=0.1", "train.max_tokens=60",
+                   "train.z_loss=1e-4", "train.update_freq=3")
+    prepare(cfg)
+    task = make_task(cfg, torch.device("cpu"))
+    run = Run(cfg, tmp_path, {}, time.perf_counter(), task, show_progress=False)
+    batches = [task.train_batch() for _ in range(3)]
+    assert len({int(task.predicted(b[2]).sum()) for b in batches}) > 1  # the test's premise
+
+    def padded(parts):
+        width = max(t.shape[1] for t in parts)
+        return torch.cat([F.pad(t, (0, width - t.shape[1]), value=task.pad_id) for t in parts])
+
+    src, tgt_in, tgt_out = (padded([b[k] for b in batches]) for k in range(3))
+    model = run.model
+    model.zero_grad()
+    logits = model(src, tgt_in)
+    mean = task.loss(logits, tgt_out) + 1e-4 * z_loss(logits, task.predicted(tgt_out))
+    mean.backward()
+    expected = torch.cat([p.grad.flatten() for p in model.parameters()])
+    loss = run._gradient(batches)
+    assert loss.item() == pytest.approx(mean.item(), rel=1e-5)
+    torch.testing.assert_close(torch.cat([p.grad.flatten() for p in model.parameters()]), expected,
+                               rtol=1e-4, atol=1e-6)
+    run.close()

@@ -211,6 +211,10 @@ class TrainConfig:
                                 # with max_tokens), fairseq's --batch-size
     max_tokens: int = 0         # translation: padded tokens per batch at most, fairseq's
                                 # --max-tokens; batches are length-bucketed either way
+    # Batches per optimiser step, their gradients added up (fairseq's --update-freq): a step
+    # of update_freq batches at the memory of one, its loss the mean over all their tokens.
+    # The schedule, the probes and the checkpoints count optimiser steps.
+    update_freq: int = 1
     label_smoothing: float = 0.0  # of the training loss (0.1 in the translation studies)
     clip_norm: float = 0.0      # total grad-norm clipping; 0 = off (as in the studies)
     z_loss: float = 0.0         # coefficient of the mean (log Z)^2 added to the training loss
@@ -537,6 +541,8 @@ def _check_train(cfg: DictConfig) -> None:
           f"one of group, {', '.join(SCHEDULES)}")
     need(tr.batch_size >= 1 or (tr.batch_size == 0 and tr.max_tokens > 0), "train.batch_size", tr.batch_size,
           "must be an integer >= 1 (0, no limit, only with train.max_tokens)")
+    need(tr.update_freq >= 1, "train.update_freq", tr.update_freq,
+         "must be an integer >= 1 (batches per optimiser step; 1: no accumulation)")
     need(tr.max_tokens == 0 or t.kind == "translation", "train.max_tokens", tr.max_tokens,
           "a token budget needs variable-length batches: task of kind translation (or 0)")
     need(tr.max_tokens == 0 or tr.max_tokens > t.max_len, "train.max_tokens", tr.max_tokens,

@@ -480,6 +480,24 @@ def layer_by_layer(model: nn.Module):
         model.reshard()
 
 
+@contextmanager
+def accumulating(train_model: nn.Module, last: bool):
+    """Around the forward and backward of one batch of an optimiser step of several
+    (train.update_freq): under DDP the gradient all-reduce is skipped for every batch but the
+    last (DDP's `no_sync`), whose backward reduces the sum of them all. FSDP2 reduce-scatters
+    every batch's gradients into the sharded ones, which add up there: keeping whole gradients
+    between batches (`set_requires_gradient_sync(False)`) would undo the sharding's memory
+    saving. Elsewhere a no-op."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    module = getattr(train_model, "_orig_mod", train_model)  # torch.compile's wrapper
+    if last or not isinstance(module, DistributedDataParallel):
+        yield
+        return
+    with module.no_sync():
+        yield
+
+
 def regather_root(model: nn.Module) -> None:
     """Inside `layer_by_layer`, after a backward pass (which reshards FSDP's root at its end):
     the root's parameters gathered again for the passes that follow. Elsewhere a no-op."""

@@ -60,7 +60,7 @@ KINDS = {"parameters": ("Sharded Param", "Unsharded Param", "Parameter"),
 
 def trace(cfg: DictConfig, world: int, fake: bool = True) -> Dict[str, float]:
     """Bytes per kind at the peak of two training steps and a probe step of rank 0 of `world`,
-    the peak itself, the eval step's peak, and the FLOPs of one training step of rank 0.
+    the peak itself, the eval step's peak, and the FLOPs of one optimiser step of rank 0 (train.update_freq batches).
     fake=False: on real tensors (what the tracker counts on them; tests compare the two)."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
@@ -131,7 +131,9 @@ def trace(cfg: DictConfig, world: int, fake: bool = True) -> Dict[str, float]:
         if grouped:
             distributed.teardown()
     row = {kind: float(sum(peak.get(_kind(peak, name), 0) for name in names)) for kind, names in KINDS.items()}
-    row.update(peak=float(peak["Total"]), eval_peak=gathered, flops=float(flops.get_total_flops()),
+    # An optimiser step of train.update_freq batches takes as many forwards and backwards, each
+    # at the traced batch's memory (the gradients add up in place).
+    row.update(peak=float(peak["Total"]), eval_peak=gathered, flops=float(flops.get_total_flops()) * t.update_freq,
                parameter_count=float(parameters))
     return row
 
@@ -242,6 +244,8 @@ def table(cfg: DictConfig, world: int, result: Dict, gpu_memory: Optional[float]
     t = cfg.train
     batch = (f"batch {t.batch_size}" if t.batch_size else
              f"batches of up to {t.max_tokens} tokens (the run's first two traced: their lengths vary)")
+    if t.update_freq > 1:
+        batch += f", {t.update_freq} per optimiser step (train.update_freq)"
     lines = [f"stabexp plan: {cfg.group.name}, depth {result['depth']}, d = {cfg.model.d_model}, "
              f"{world} rank(s), parallel={t.parallel}, precision={t.precision}, "
              f"activation checkpointing {'on' if t.activation_checkpointing else 'off'}, {batch}",

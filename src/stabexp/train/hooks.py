@@ -38,7 +38,8 @@ class StepHook:
     # --- inside a step (Run.step) ---------------------------------------------------------------
 
     def around_forward(self, run):
-        """A context manager around the training forward (and loss)."""
+        """A context manager around the step's training forward, loss and backward; with
+        train.update_freq > 1, around those of every batch of the step."""
         return nullcontext()
 
     def after_backward(self, run, step: int, loss) -> bool:

@@ -24,21 +24,32 @@ def z_loss(logits: torch.Tensor, predicted: Optional[torch.Tensor] = None,
     return token_mean(log_z(logits).pow(2), predicted)
 
 
-def training_loss(forward, task, batch, z_coefficient: float = 0.0, world: int = 1) -> torch.Tensor:
+def training_loss(forward, task, batch, z_coefficient: float = 0.0, world: int = 1,
+                  count: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The loss of one batch through `forward` (the training model), z-loss included. On K
     processes, this rank's part of it: its rows' summed token loss (and z-loss) over the whole
-    batch's count of predicted tokens, so that the ranks' parts add up to the mean."""
-    if world == 1:
+    batch's count of predicted tokens, so that the ranks' parts add up to the mean. `count`:
+    over that count instead, the predicted tokens of every batch of an optimiser step
+    (`update_count`, train.update_freq > 1), so that the batches' parts add up to the step's
+    mean as fairseq's --update-freq sums them."""
+    if world == 1 and count is None:
         src, tgt_in, tgt_out = batch
         logits = forward(src, tgt_in)
         loss = task.loss(logits, tgt_out)
         if z_coefficient > 0:
             loss = loss + z_coefficient * z_loss(logits, task.predicted(tgt_out))
         return loss
-    count = task.predicted(batch[2]).sum().clamp(min=1)
-    (src, tgt_in, tgt_out), weight = distributed.share(batch)
+    if count is None:
+        count = update_count(task, [batch])
+    (src, tgt_in, tgt_out), weight = distributed.share(batch) if world > 1 else (batch, 1.0)
     logits = forward(src, tgt_in)
     loss = task.loss_sum(logits, tgt_out) / count
     if z_coefficient > 0:
         loss = loss + z_coefficient * z_loss(logits, task.predicted(tgt_out), count=count)
     return loss * weight
+
+
+def update_count(task, batches) -> torch.Tensor:
+    """The predicted tokens of the batches of one optimiser step, whole (every rank's rows): the
+    divisor of each batch's summed loss (at least 1)."""
+    return sum(task.predicted(batch[2]).sum() for batch in batches).clamp(min=1)

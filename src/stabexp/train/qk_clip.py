@@ -1,6 +1,7 @@
 """QK-Clip (Kimi Team 2025, "Kimi K2", arXiv 2507.20534, Sec. 2.1, MuonClip): after each
 optimiser step, every attention head h whose largest logit of that step's forward,
-S_max^h = max_ij q_i.k_j / sqrt(d_h) over the batch, went above tau has its W_q^h and W_k^h
+S_max^h = max_ij q_i.k_j / sqrt(d_h) over the batch (every batch of the step, with
+train.update_freq > 1), went above tau has its W_q^h and W_k^h
 (and their biases) multiplied by sqrt(gamma_h), gamma_h = min(1, tau / S_max^h), so that the
 same input would give logits of at most tau. The optimiser's state is left as it is.
 

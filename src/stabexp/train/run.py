@@ -30,7 +30,7 @@ from stabexp.train.checkpoint import Checkpoints
 from stabexp.train.divergence import DivergenceCheck
 from stabexp.train.files import SUMMARY, write_json
 from stabexp.train.hooks import by_moment
-from stabexp.train.losses import training_loss
+from stabexp.train.losses import training_loss, update_count
 from stabexp.train.optim import build_optimizer, clip_gradients
 from stabexp.train.qk_clip import QKClip
 from stabexp.train.recording import Progress, Recorder, eval_results
@@ -166,14 +166,11 @@ class Run:
         """Optimiser step number `step` (1-based), probing if due; False when a hook ended the
         run at it (the divergence check: the step is not applied)."""
         t, cadence, model = self.cfg.train, self.cadence, self.model
-        with self.autocast, ExitStack() as around:
+        batches = [self.task.train_batch() for _ in range(t.update_freq)]
+        with ExitStack() as around:
             for hook in self.at["around_forward"]:
                 around.enter_context(hook.around_forward(self))
-            loss = training_loss(self.train_model, self.task, self.task.train_batch(), t.z_loss, self.world)
-        self.opt.zero_grad(set_to_none=True)
-        # K ranks: DDP and FSDP2 average the gradients over the ranks, so K times each share's
-        # part of the mean gives the gradient of the mean (stabexp.distributed).
-        (loss if self.world == 1 else loss * self.world).backward()
+            loss = self._gradient(batches)
         lr = self.sched.get_last_lr()[0]
         for hook in self.at["after_backward"]:
             if hook.after_backward(self, step, loss):
@@ -197,6 +194,36 @@ class Run:
         self.progress.update(step, self.result["last_loss"] if cadence.must_sync(step) else None,
                              row.get("model_update") if row else None)
         return True
+
+    def _gradient(self, batches) -> torch.Tensor:
+        """The step's loss (on device), its gradient left in the parameters' .grad. Several
+        batches (train.update_freq): each one's forward and backward in turn, its summed token
+        loss over the count of all of theirs, so that the gradients add up to the gradient of
+        the mean over every token of the step (fairseq's --update-freq), at the memory of one
+        batch; the loss returned is that mean."""
+        t = self.cfg.train
+        # K ranks: DDP and FSDP2 average the gradients over the ranks, so K times each share's
+        # part of the mean gives the gradient of the mean (stabexp.distributed).
+        if len(batches) == 1:
+            with self.autocast:
+                loss = training_loss(self.train_model, self.task, batches[0], t.z_loss, self.world)
+            self.opt.zero_grad(set_to_none=True)
+            (loss if self.world == 1 else loss * self.world).backward()
+            return loss
+        count = update_count(self.task, batches)
+        # Zeroed in place, not set to None: under DDP a backward outside its reduction (no_sync)
+        # would put the gradients in new tensors beside DDP's buckets, whose views they are
+        # otherwise (gradient_as_bucket_view), a second copy of them on every rank. The same
+        # numbers either way (0 + g is g).
+        self.opt.zero_grad(set_to_none=False)
+        parts = []
+        for i, batch in enumerate(batches):
+            with distributed.accumulating(self.train_model, last=i == len(batches) - 1):
+                with self.autocast:
+                    part = training_loss(self.train_model, self.task, batch, t.z_loss, self.world, count)
+                (part * self.world).backward()
+            parts.append(part.detach())
+        return torch.stack(parts).sum()
 
     # --- between steps: the hooks' moments that the loop (train/trainer.py) calls ----------------
 
