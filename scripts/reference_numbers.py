@@ -301,28 +301,49 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_id() -> str:
+    """The CPU's family, model and stepping (/proc/cpuinfo): one model name ("AMD EPYC") covers
+    generations whose kernels round differently."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()[:30]
+                      if ":" in line)
+    except OSError:
+        return ""
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return " ".join(f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
+
+
 def environment() -> Dict[str, str]:
-    """What the numbers depend on beyond the code: the exact mode needs torch and the CPU alike;
-    the rest is for a reader working out why they moved."""
+    """What the numbers depend on beyond the code: the exact mode needs torch, the CPU and the
+    instruction set torch's kernels take on it alike; the rest is for a reader working out why
+    they moved."""
     import numpy
     import sentencepiece
     import torch
 
-    return {"torch": torch.__version__, "cpu": cpu_model(), "python": platform.python_version(),
+    return {"torch": torch.__version__, "cpu": cpu_model(), "cpu_id": cpu_id(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version(),
             "numpy": numpy.__version__, "sentencepiece": sentencepiece.__version__,
             "platform": platform.platform()}
 
 
+# What makes two machines one for the exact comparison; a record without one of them (written
+# before it was kept) is compared within the tolerances.
+SAME_MACHINE = ("torch", "cpu", "cpu_id", "cpu_capability")
+
+
 def same_machine(recorded: Dict[str, str], now: Dict[str, str]) -> bool:
-    return recorded.get("torch") == now["torch"] and recorded.get("cpu") == now["cpu"]
+    return all(recorded.get(key) == now[key] for key in SAME_MACHINE)
 
 
 def mode_line(recorded: Dict[str, str], now: Dict[str, str]) -> str:
+    def machine(env):
+        return f"torch {env.get('torch')} on {env.get('cpu')} ({env.get('cpu_id')}, {env.get('cpu_capability')})"
     if same_machine(recorded, now):
-        return f"exact comparison (torch {now['torch']} on {now['cpu']}, as recorded)"
+        return f"exact comparison ({machine(now)}, as recorded)"
     return (f"comparison within a relative {AT_INIT_TOLERANCE:g} at init and {TRAINED_TOLERANCE:g} after "
-            f"updates (recorded with torch {recorded.get('torch')} on {recorded.get('cpu')}, measured with "
-            f"torch {now['torch']} on {now['cpu']}); exact on the machine of record")
+            f"updates (recorded with {machine(recorded)}, measured with {machine(now)}); exact on the "
+            "machine of record")
 
 
 def at_init(key: str) -> bool:
