@@ -18,7 +18,7 @@ STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 # download it into $STABEXP_DATA on first use.
 PRESETS := admin_output_change grad_at_init admin_clinic deepnet_early deepnet_depth depth_table smd \
            deepnet_depth_paper deepnet_early_paper multi30k_table lm_depth lr_sensitivity \
-           admin_grad_vanishing admin_dependency admin_hybrid admin_grid admin_rezero \
+           admin_grad_vanishing admin_dependency admin_hybrid admin_grid admin_rezero admin_60l_12l \
            deepnet_bound deepnet_bound_encdec deepnet_depth_law deepnet_lm_depth deepnet_bleu_depth deepnet_robustness \
            deepnet_1000_layers lm_1000_layers curse_of_depth lr_sensitivity_2025 lr_sensitivity_muon
 SCALE   ?= default
@@ -42,7 +42,7 @@ run: install
 	@echo "Run folders: $${STABEXP_OUTPUTS:-outputs}/multirun/experiment=deepnet_early/ ; figures: outputs/figures/"
 
 # Every preset, one after another, each packing its jobs onto the cores (docs/scale.md), then
-# every figure (about 36 h on 2 cores at the default scale, 21 h of it estimated: each preset's
+# every figure (about 37 h on 2 cores at the default scale, 21 h of it estimated: each preset's
 # `# cost:` line, summed by `python -m stabexp.presets`; docs/presets.md).
 reproduce: install
 	for p in $(PRESETS); do \

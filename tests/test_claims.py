@@ -580,6 +580,17 @@ def test_admin_depths_flips_on_preln():
     assert verdict("admin-depths", _bleu("multi30k_table", groups, (6, 12, 18), noisy)) == DOES_NOT_HOLD
 
 
+def test_deep_en_fr_flips_at_the_papers_bleu_less_its_margin_and_on_a_failed_seed():
+    def rows(bleu, scale="paper"):
+        return [dict(r, task="wmt14_en_fr", scale=scale) for r in seeds("admin_60l_12l", "admin", 60, test_bleu=bleu)]
+
+    reached = 43.8 - admin.EN_FR_MARGIN
+    assert verdict("admin-60l-12l-paper", rows([reached + 0.01] * 3)) == HOLDS
+    assert verdict("admin-60l-12l-paper", rows([reached - 0.01] * 3)) == PARTLY
+    assert verdict("admin-60l-12l-paper", rows([44.0, 44.0, 0.5])) == DOES_NOT_HOLD  # one seed stalls
+    assert verdict("admin-60l-12l-paper", rows([44.0] * 3, scale="default")) == NOT_RUN_PAPER  # the stand-in
+
+
 def test_fold_flips_on_error_and_on_input_scale():
     def rows(error=1e-5, scale=0.0):
         return [dict(r, setting="train.save_model=true") for r in
@@ -601,6 +612,26 @@ def test_smd_flips_at_ten_and_twenty_five_percent():
     assert verdict("smd-equilibrium", rows(1.09)) == HOLDS
     assert verdict("smd-equilibrium", rows(0.89)) == PARTLY
     assert verdict("smd-equilibrium", rows(1.26)) == DOES_NOT_HOLD
+
+
+def test_smd_rate_flips_on_a_straight_fit_on_the_factor_two_and_without_an_sgd_fit():
+    def rows(ratio=1.2, r2=0.98, sgd_fitted=1):
+        out = []
+        for i, s in enumerate(others.SMD_SETTINGS):  # the first four are SGD's, the second of them the worst
+            optim = dict(p.split("=") for p in s.split())["optim"]
+            fitted = {"sgd": sgd_fitted, "sgdm": 0, "adamw": 1}[optim]  # SGDM's approach too fast to fit
+            measures = {"smd_rate_fitted": fitted, "smd_rate_ratio": (ratio if i == 1 else 1.2) if fitted else float("nan"),
+                        "smd_rate_r2": (r2 if i == 1 else 0.98) if fitted else float("nan")}
+            out += [dict(r, setting=s, task="teacher") for r in seeds("smd", "normmlp", 3, **measures)]
+        return out
+    assert verdict("smd-rate", rows()) == HOLDS
+    assert verdict("smd-rate", rows(ratio=1.99, r2=0.9)) == HOLDS
+    assert verdict("smd-rate", rows(ratio=0.51)) == HOLDS
+    assert verdict("smd-rate", rows(ratio=2.01)) == PARTLY
+    assert verdict("smd-rate", rows(ratio=0.49)) == PARTLY
+    assert verdict("smd-rate", rows(r2=0.89)) == DOES_NOT_HOLD
+    assert verdict("smd-rate", rows(ratio=float("inf"), r2=0.95)) == PARTLY  # no approach in the window
+    assert verdict("smd-rate", rows(sgd_fitted=0)) == NOT_SHOWN
 
 
 def _sweep(recipe, settings, group, loss, **measures):

@@ -192,12 +192,13 @@ def test_split_names_map_onto_the_dataset_s(wanted, available, chosen):
 def test_the_presets_compose_with_a_pinned_revision(make_cfg):
     from stabexp.config import validate
 
-    wmt = make_cfg("task=wmt14_en_de")
-    validate(wmt)
-    t = wmt.task
-    assert (t.hf_dataset, t.hf_config, t.src_lang, t.tgt_lang) == ("wmt/wmt14", "de-en", "en", "de")
-    assert len(t.hf_revision) == 40 and int(t.hf_revision, 16) >= 0
-    assert hf.cache_folder(hf.source(t), Path("/d")) == Path(f"/d/hf/wmt/wmt14/de-en/{t.hf_revision}")
+    for task, config, tgt in (("wmt14_en_de", "de-en", "de"), ("wmt14_en_fr", "fr-en", "fr")):
+        wmt = make_cfg(f"task={task}")
+        validate(wmt)
+        t = wmt.task
+        assert (t.hf_dataset, t.hf_config, t.src_lang, t.tgt_lang) == ("wmt/wmt14", config, "en", tgt)
+        assert len(t.hf_revision) == 40 and int(t.hf_revision, 16) >= 0
+        assert hf.cache_folder(hf.source(t), Path("/d")) == Path(f"/d/hf/wmt/wmt14/{config}/{t.hf_revision}")
     iwslt = make_cfg("task=iwslt14_de_en", "task.path=/somewhere")
     validate(iwslt)
     assert (iwslt.task.src_lang, iwslt.task.tgt_lang, iwslt.task.hf_dataset) == ("de", "en", "")

@@ -14,11 +14,12 @@ def test_report_table_of_a_sweep(make_cfg, tmp_path, capsys):
     train(make_cfg("group=admin", "depth=2"), sweep / "a2")
     train(make_cfg("group=admin", "depth=2", "seed=1"), sweep / "a2s1")
     train(make_cfg("group=postln", "depth=2", "train.lr=1000", "train.steps=50"), sweep / "p2")
+    train(make_cfg("group=admin", "depth=3", "decoder_depth=1", "train.steps=2"), sweep / "a3")
     table = sweep_table(sweep)
     lines = table.splitlines()
-    assert "| group | 1L-1L | 2L-2L |" in lines
+    assert "| group | 1L-1L | 2L-2L | 3L-1L |" in lines  # each column names its decoder's depth
     admin = next(line for line in lines if line.startswith("| admin |"))
-    assert admin.count("(") == 2 and "n=2" in admin
+    assert admin.count("(") == 3 and "n=2" in admin
     postln = next(line for line in lines if line.startswith("| postln |"))
     assert "diverged @ step" in postln and postln.rstrip().endswith("|")
     assert main([str(sweep)]) == 0 and "admin" in capsys.readouterr().out

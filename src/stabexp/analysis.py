@@ -185,6 +185,60 @@ def smd_equilibrium(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+# The approach to equilibrium that smd_convergence fits: from the first probe step whose squared
+# norm is within RATE_FROM of its equilibrium value (near enough for the linearised rate) to the
+# last before it comes within RATE_TO (below, the norm's own scatter at equilibrium takes over),
+# on at least RATE_POINTS probe steps.
+RATE_FROM, RATE_TO, RATE_POINTS = 0.5, 0.05, 5
+
+
+def smd_convergence(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    """Wan et al. 2021 Theorems 1-2: with weight decay the squared norm u = ||w||^2 of a
+    scale-invariant weight converges to its equilibrium u* at a linear rate, |u_t - u*| shrinking
+    by e every time constant (theory.time_constant). Per run with a predicted equilibrium and per
+    scale-invariant weight: u* the mean of u over the equilibrium window (smd_window_start), the
+    gap |u_t - u*| / u* at each probe step, and over the steps from the first whose gap is at most
+    RATE_FROM to the last before the first at most RATE_TO (RATE_POINTS of them at least; else no
+    fit), the least-squares line of log(gap) on the step: its time constant -1 / slope and R^2.
+    One row per run: of its fitted weights, the time constant over the theory's furthest from 1
+    (in ratio), the lowest R^2, and how many weights were fitted of how many."""
+    out = []
+    weights = layers.dropna(subset=["weight_norm"]) if "weight_norm" in layers else layers.iloc[0:0]
+    for _, run in runs.dropna(subset=["theory_time_constant"]).iterrows():
+        rows = weights[weights.run == run.run]
+        rows = rows[is_scale_invariant(rows)]
+        if rows.empty:
+            continue
+        start = smd_window_start(run.theory_time_constant, run.steps_done)
+        ratios, r2s, count = [], [], 0
+        for _, w in rows.groupby(["stack", "layer", "sublayer", "param"], dropna=False):
+            count += 1
+            w = w.sort_values("step")
+            u = w.weight_norm.to_numpy(dtype=float) ** 2
+            steps = w.step.to_numpy(dtype=float)
+            u_eq = u[steps >= start].mean()
+            gap = np.abs(u - u_eq) / u_eq
+            near = np.flatnonzero(gap <= RATE_FROM)
+            if not len(near):
+                continue
+            first = near[0]
+            reached = np.flatnonzero(gap[first:] <= RATE_TO)
+            last = first + (reached[0] if len(reached) else len(gap) - first)
+            if last - first < RATE_POINTS:
+                continue
+            fit = least_squares(steps[first:last], np.log(gap[first:last]))
+            if fit["slope"] >= 0:
+                ratios.append(float("inf"))  # no approach at all in the window
+            else:
+                ratios.append(-1.0 / fit["slope"] / run.theory_time_constant)
+            r2s.append(fit["r2"])
+        worst = max(ratios, key=lambda r: abs(np.log(r))) if ratios else float("nan")
+        out.append({"run": run.run, "optim": run.optim, "lr": run.lr, "weight_decay": run.weight_decay,
+                    "time_constant": run.theory_time_constant, "rate_ratio": worst,
+                    "rate_r2": min(r2s) if r2s else float("nan"), "fitted": len(ratios), "weights": count})
+    return pd.DataFrame(out)
+
+
 def preln_stream_growth(layers: pd.DataFrame) -> pd.DataFrame:
     """Xiong et al. 2020 (arXiv 2002.04745, Sec. 3): in Pre-LN at init E||x_l||^2 grows linearly in l.
     Per stack of the deepest Pre-LN models: the linear fit of the mean squared LN input norm (the

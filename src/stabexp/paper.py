@@ -92,3 +92,6 @@ DEEPNET_TABLE1["postln_warmup"] = DEEPNET_TABLE1["postln"]
 # WMT'14 En-De 6L-6L: Post-LN diverges in 7, Pre-LN and Admin in none.
 ADMIN_GRID_DIVERGED = {"postln": 7, "preln": 0, "admin": 0}
 ADMIN_GRID_LRS = (1e-4, 2e-4, 3e-4, 4e-4, 5e-4)
+# Admin (Liu et al. 2020, Sec. 5): test BLEU (newstest2014) of Admin's 60-layer encoder under a
+# 12-layer decoder on WMT'14 En-Fr (Transformer-Clinic's nmt-experiments/wmt14_en-fr.md recipe).
+ADMIN_60L_12L_EN_FR_BLEU = 43.8

@@ -211,7 +211,11 @@ def sweep_table(sweep_dir: Path) -> str:
     if is_lr_sweep(runs):
         return head + "\n".join(lr_section(tables))
     single = runs.decoder_depth.isna().all()  # decoder-only / encoder-only: one stack of `depth` layers
-    lines = ["| group | " + " | ".join(f"{d}L" if single else f"{d}L-{d}L" for d in depths) + " |",
+    def label(d) -> str:  # the encoder's depth, then the decoder's its runs took (decoder_depth)
+        if single:
+            return f"{d}L"
+        return f"{d}L-" + "/".join(f"{int(m)}L" for m in sorted(runs[runs.depth == d].decoder_depth.dropna().unique()))
+    lines = ["| group | " + " | ".join(label(d) for d in depths) + " |",
              "|---|" + "---|" * len(depths)]
     for g in groups:
         if at_init:

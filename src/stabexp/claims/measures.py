@@ -22,13 +22,14 @@ from __future__ import annotations
 import datetime
 import logging
 from pathlib import Path
-from typing import Iterable, List
+from typing import Iterable, List, Tuple
 
 import numpy as np
 import pandas as pd
 
 from stabexp.analysis import (encoder_input_change, final_max_logit, is_scale_invariant, last_w2_grad, least_squares,
-                              linear_and_log_fits, output_gradients, setting, smd_equilibrium, update_bound_steps)
+                              linear_and_log_fits, output_gradients, setting, smd_convergence, smd_equilibrium,
+                              update_bound_steps)
 from stabexp.claims.registry import normal_setting
 from stabexp.errors import ConfigError
 from stabexp.plotting.collect import Tables, collect
@@ -49,7 +50,19 @@ SUMMARY_MEASURES = ("final_eval_loss", "final_eval_acc", "test_loss", "test_bleu
                     "chance_loss", "unigram_eval_loss", "position_only_eval_loss", "source_counts_eval_loss", "lr",
                     "grad_scaling_error")
 UPDATE_STEPS = (1, 2, 10, 29, 30)
-TRANSLATION_TASKS = ("multi30k", "translation", "iwslt14_de_en", "wmt14_en_de")
+
+
+def translation_tasks() -> Tuple[str, ...]:
+    """The task presets of kind translation (conf/task), by the name their runs record."""
+    from omegaconf import OmegaConf
+
+    from stabexp.paths import conf_dir
+
+    tasks = (OmegaConf.load(path).get("task") or {} for path in sorted((conf_dir() / "task").glob("*.yaml")))
+    return tuple(t["name"] for t in tasks if t.get("kind") == "translation")
+
+
+TRANSLATION_TASKS = translation_tasks()
 # A run "trains" when its final eval loss beats the rule that ignores the input (the unigram model
 # on text, each position's symbol frequencies on sort and reverse) by this much, or, on
 # translation, when its test BLEU reaches TRAINED_BLEU; a diverged run never does.
@@ -246,6 +259,10 @@ def _late_probes(tables) -> List[pd.DataFrame]:
         if not smd.empty:
             out.append(_per_run(smd, "ratio", "smd_angular_ratio"))
             out.append(_per_run(smd, "norm_ratio", "smd_norm_ratio"))
+        rate = smd_convergence(runs, layers)
+        if not rate.empty:
+            out += [_per_run(rate, "rate_ratio", "smd_rate_ratio"), _per_run(rate, "rate_r2", "smd_rate_r2"),
+                    _per_run(rate, "fitted", "smd_rate_fitted")]
     if not layers.empty and {"weight_norm", "scale_invariant"} <= set(layers.columns):
         out += _norm_growth(layers)
     if not layers.empty and {"grad_cosine", "scale_invariant"} <= set(layers.columns):

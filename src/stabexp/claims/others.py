@@ -57,6 +57,36 @@ def _smd_no_decay(ev: Evidence):
     return (HOLDS if every(sgd >= 1 - 1e-5) else PARTLY if every(sgd >= 0.99) else DOES_NOT_HOLD), measured
 
 
+def _smd_rate(ev: Evidence):
+    """Per run of the smd settings with weight decay, the approach of each scale-invariant weight's
+    squared norm to its equilibrium, fitted as a straight line of log |u_t − u*| / u* on the step
+    from where the gap is at most 0.5 to where it first comes within 0.05 (analysis.smd_convergence;
+    Wan et al. 2021 Theorems 1-2: a linear rate). Measures: smd_rate_ratio, the fitted time
+    constant over the theory's (theory.time_constant: 1/(4ηλ) under SGD), the weight furthest from
+    1; smd_rate_r2, the lowest R² of the run's fits; smd_rate_fitted, the weights fitted (an
+    approach over fewer than 5 probe steps has no fit). Not shown when no SGD run has a fit (the
+    theorems are SGD's). Holds when every fit has R² at least 0.9 (a straight line: a linear
+    rate) and every ratio lies within a factor of 2 of 1 (the paper's rate is "about" one, and its
+    two readings, (1 − 2ηλ) and (1 − 4ηλ) per step under SGD, differ by 2); partly when every fit
+    is straight but some ratio falls outside; otherwise it does not hold."""
+    runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
+    fitted = runs[runs.smd_rate_fitted > 0] if "smd_rate_fitted" in runs else runs.iloc[0:0]
+    parts = []
+    for o in ("sgd", "sgdm", "adamw"):
+        mine, all_ = with_setting(fitted, "optim", o), with_setting(runs, "optim", o)
+        if len(mine):
+            parts.append(f"{o}: {len(mine)} of {len(all_)} runs fitted, time constant {mine.smd_rate_ratio.min():.2f}-"
+                         f"{mine.smd_rate_ratio.max():.2f} of the theory's, R² ≥ {mine.smd_rate_r2.min():.3f}")
+        else:
+            parts.append(f"{o}: 0 of {len(all_)} runs fitted")
+    measured = "; ".join(parts)
+    if with_setting(fitted, "optim", "sgd").empty:
+        return NOT_SHOWN, measured
+    straight = every(fitted.smd_rate_r2 >= 0.9)
+    near = every((fitted.smd_rate_ratio >= 0.5) & (fitted.smd_rate_ratio <= 2.0))
+    return (HOLDS if straight and near else PARTLY if straight else DOES_NOT_HOLD), measured
+
+
 def _float32_exact(measure: str, what: str, other: str = ""):
     def criterion(ev: Evidence):
         runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
@@ -271,6 +301,14 @@ CLAIMS = [
           command="stabexp run experiment=smd seed=0,1,2",
           needs=(Cells("smd", ("normmlp",), (3,), settings=tuple(SMD_SETTINGS), measures=("smd_norm_ratio",)),), criterion=_smd_norm,
           section="9-equilibrium-angular-update-spherical-motion-dynamics"),
+    Claim(id="smd-rate", source="Spherical motion dynamics (Wan et al. 2021 Theorems 1-2; Kosson et al. 2023)",
+          statement="With weight decay a scale-invariant weight's squared norm reaches its equilibrium at a linear rate, "
+                    "time constant about 1/(4ηλ) under SGD, and the SGDM and AdamW forms",
+          paper="a linear rate, (1 − 2ηλ) to (1 − 4ηλ) per step", evidence="NormMLP on the teacher task, 6000 steps, 12 (optimiser, lr, λ) settings, "
+                                                "probes every 10 steps",
+          command="stabexp run experiment=smd seed=0,1,2",
+          needs=(Cells("smd", ("normmlp",), (3,), settings=tuple(SMD_SETTINGS), measures=("smd_rate_fitted",)),),
+          criterion=_smd_rate, section="9-equilibrium-angular-update-spherical-motion-dynamics"),
     Claim(id="smd-no-decay", source="Spherical motion dynamics (Wan et al. 2021 Corollary 1)",
           statement="Without weight decay a scale-invariant weight's norm only grows under SGD",
           paper="monotone", evidence="NormMLP on the teacher task, 6000 steps, λ = 0, 6 (optimiser, lr) settings",

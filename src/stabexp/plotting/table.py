@@ -124,6 +124,8 @@ FIGURES: Dict[str, Figure] = {f.name: f for f in (
            "loss over the steps at the largest", admin.hybrid),
     Figure("admin_rezero", "admin_rezero", "ReZero against Post-LN and Admin on translation: test BLEU "
            "and validation BLEU", admin.rezero),
+    Figure("admin_60l_12l", "admin_60l_12l", "Admin Sec. 5's 60-layer encoder under a 12-layer decoder: "
+           "training, eval loss and model update", partial(kinds.training_curves, title="60L-12L")),
     # Xiong et al. 2020; the stabilisers of 2023-2025; spherical motion dynamics
     Figure("grad_at_init", "grad_at_init", "Xiong et al. 2020 Sec. 3: gradients at init against depth, "
            "the last W_2's slope, Pre-LN's stream growth", others.grad_at_init),
