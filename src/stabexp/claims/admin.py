@@ -496,7 +496,7 @@ CLAIMS = [
           command="stabexp run experiment=admin_60l_12l scale=paper task=wmt14_en_fr",
           needs=(Cells("admin_60l_12l_paper", ("admin",), (60,), measures=("test_bleu",)),), criterion=_deep_en_fr,
           section="30-a-60-layer-encoder-on-wmt14-en-fr-admin-sec-5", paper_scale_only=True,
-          cost="needs GPUs: about 240 GPU-hours per run, 730 for Admin's three seeds, estimated as docs/presets.md estimates "
+          cost="needs GPUs: about 245 GPU-hours per run, 730 for Admin's three seeds, estimated as docs/presets.md estimates "
                "(6 × 260 M parameters × 1.28M tokens × 44000 updates at 100 TFLOP/s), not measured; here: out of reach"),
     Claim(id="admin-fold", source="Transformer-Clinic's and admin-torch's READMEs",
           statement="After training, Admin can be reparameterised into the original Post-LN Transformer",

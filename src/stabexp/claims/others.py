@@ -65,7 +65,7 @@ def _smd_rate(ev: Evidence):
     constant over the theory's (theory.time_constant: 1/(4ηλ) under SGD), the weight furthest from
     1; smd_rate_r2, the lowest R² of the run's fits; smd_rate_fitted, the weights fitted (an
     approach over fewer than 5 probe steps has no fit). Not shown when no SGD run has a fit (the
-    theorems are SGD's). Holds when every fit has R² at least 0.9 (a straight line: a linear
+    theorems are SGD's). Over the weights with a fit: holds when every fit has R² at least 0.9 (a straight line: a linear
     rate) and every ratio lies within a factor of 2 of 1 (the paper's rate is "about" one, and its
     two readings, (1 − 2ηλ) and (1 − 4ηλ) per step under SGD, differ by 2); partly when every fit
     is straight but some ratio falls outside; otherwise it does not hold."""
