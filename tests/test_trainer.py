@@ -236,12 +236,18 @@ def test_a_step_of_two_batches_is_one_batch_of_their_rows(make_cfg, tmp_path):
         pd.testing.assert_frame_equal(one, two, check_exact=False, rtol=2e-5, atol=1e-6, obj=name)
 
 
+def one_batch_of_their_rows(batches, pad_id):
+    """(src, tgt_in, tgt_out) of all the batches' rows, each padded to the longest."""
+    def padded(parts):
+        width = max(t.shape[1] for t in parts)
+        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pad_id) for t in parts])
+    return tuple(padded([b[k] for b in batches]) for k in range(3))
+
+
 def test_the_batches_of_a_step_add_up_to_the_mean_over_all_their_tokens(make_cfg, corpus_dir):
     """Translation batches of different lengths and token counts: each one's summed loss over
     the count of the whole step's tokens adds up to the loss and gradient of one batch holding
     all their rows (padded to the longest), not to a mean of the batches' means."""
-    import torch.nn.functional as F
-
     from corpus import translation_overrides
     from stabexp.data import make_task, prepare
     from stabexp.model import build_model
@@ -256,16 +262,12 @@ def test_the_batches_of_a_step_add_up_to_the_mean_over_all_their_tokens(make_cfg
     counts = [int(task.predicted(b[2]).sum()) for b in batches]
     assert len({b[2].shape for b in batches}) > 1 and len(set(counts)) > 1  # the test's premise
 
-    def padded(parts):
-        width = max(t.shape[1] for t in parts)
-        return torch.cat([F.pad(t, (0, width - t.shape[1]), value=task.pad_id) for t in parts])
-
     def gradient(loss):
         model.zero_grad()
         loss.backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    whole = tuple(padded([b[k] for b in batches]) for k in range(3))
+    whole = one_batch_of_their_rows(batches, task.pad_id)
     mean = task.loss(model(*whole[:2]), whole[2])
     expected = gradient(mean)
     count = update_count(task, batches)
@@ -287,8 +289,6 @@ def test_a_runs_step_of_several_batches_takes_the_gradient_of_their_token_mean(m
     are those of one batch of all their rows."""
     import time
 
-    import torch.nn.functional as F
-
     from corpus import translation_overrides
     from stabexp.data import make_task, prepare
     from stabexp.train.losses import z_loss
@@ -302,11 +302,7 @@ def test_a_runs_step_of_several_batches_takes_the_gradient_of_their_token_mean(m
     batches = [task.train_batch() for _ in range(3)]
     assert len({int(task.predicted(b[2]).sum()) for b in batches}) > 1  # the test's premise
 
-    def padded(parts):
-        width = max(t.shape[1] for t in parts)
-        return torch.cat([F.pad(t, (0, width - t.shape[1]), value=task.pad_id) for t in parts])
-
-    src, tgt_in, tgt_out = (padded([b[k] for b in batches]) for k in range(3))
+    src, tgt_in, tgt_out = one_batch_of_their_rows(batches, task.pad_id)
     model = run.model
     model.zero_grad()
     logits = model(src, tgt_in)

@@ -65,10 +65,11 @@ def _smd_rate(ev: Evidence):
     constant over the theory's (theory.time_constant: 1/(4ηλ) under SGD), the weight furthest from
     1; smd_rate_r2, the lowest R² of the run's fits; smd_rate_fitted, the weights fitted (an
     approach over fewer than 5 probe steps has no fit). Not shown when no SGD run has a fit (the
-    theorems are SGD's). Over the weights with a fit: holds when every fit has R² at least 0.9 (a straight line: a linear
-    rate) and every ratio lies within a factor of 2 of 1 (the paper's rate is "about" one, and its
-    two readings, (1 − 2ηλ) and (1 − 4ηλ) per step under SGD, differ by 2); partly when every fit
-    is straight but some ratio falls outside; otherwise it does not hold."""
+    theorems are SGD's). Over the weights with a fit: holds when every fit has R² at least 0.9 (a
+    straight line: a linear rate) and every ratio lies within a factor of 2 of 1 (the paper's rate
+    is "about" one, and its two readings, (1 − 2ηλ) and (1 − 4ηλ) per step under SGD, differ by
+    2); partly when every fit is straight but some ratio falls outside; otherwise it does not
+    hold."""
     runs = ev.runs(recipe="smd", depth=3, setting=SMD_SETTINGS)
     fitted = runs[runs.smd_rate_fitted > 0] if "smd_rate_fitted" in runs else runs.iloc[0:0]
     parts = []
@@ -304,8 +305,8 @@ CLAIMS = [
     Claim(id="smd-rate", source="Spherical motion dynamics (Wan et al. 2021 Theorems 1-2; Kosson et al. 2023)",
           statement="With weight decay a scale-invariant weight's squared norm reaches its equilibrium at a linear rate, "
                     "time constant about 1/(4ηλ) under SGD, and the SGDM and AdamW forms",
-          paper="a linear rate, (1 − 2ηλ) to (1 − 4ηλ) per step", evidence="NormMLP on the teacher task, 6000 steps, 12 (optimiser, lr, λ) settings, "
-                                                "probes every 10 steps",
+          paper="a linear rate, (1 − 2ηλ) to (1 − 4ηλ) per step",
+          evidence="NormMLP on the teacher task, 6000 steps, 12 (optimiser, lr, λ) settings, probes every 10 steps",
           command="stabexp run experiment=smd seed=0,1,2",
           needs=(Cells("smd", ("normmlp",), (3,), settings=tuple(SMD_SETTINGS), measures=("smd_rate_fitted",)),),
           criterion=_smd_rate, section="9-equilibrium-angular-update-spherical-motion-dynamics"),
