@@ -72,6 +72,10 @@ def test_every_part_runs_on_the_cpu_and_writes_what_docs_data_keeps(tmp_path, co
     assert sum(n.endswith("summary.json") for n in names) == 3 + 6 + 3 + 3
     assert not any("checkpoint" in n for n in names)
     assert "DeepNet Fig. 4 (v1), the paper's protocol" in summary  # the claims these runs feed
+    # recorded under their own scale, and reported as such: no claim reads a quick run
+    assert {r["scale"] for r in recorded} == {"quick"}
+    assert "15 runs at scale=quick (admin_clinic, admin_grid, deepnet_depth_paper, deepnet_early_paper), read by no claim" \
+        in summary
 
 
 @pytest.mark.slow
@@ -90,3 +94,34 @@ def test_bad_arguments_end_in_one_line():
         done = subprocess.run([sys.executable, str(SCRIPT), "--out", "/nonexistent/x", *args],
                               capture_output=True, text=True)
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_gpu_calls_runs_land_in_the_cells_of_the_claims_they_feed(tmp_path):
+    """What each preset part's runs record on a GPU (the recipe and the setting claims.measures
+    reads from a run's overrides) names the cells of the claims the part feeds, so that a GPU call
+    cannot end in "not run" from a mismatch of names; Admin's grid, at --grid-steps updates
+    instead of the paper's 8000, is recorded under that setting (the summary says so)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import paper_scale
+
+    from stabexp.analysis import setting
+    from stabexp.claims import CLAIMS
+    from stabexp.claims.measures import RECIPE_OF
+    from stabexp.claims.registry import normal_setting
+
+    args = paper_scale.parse_args(["--device", "cuda", "--out", str(tmp_path)])
+    for part in (p for p in paper_scale.PARTS if p.recipe):
+        for command in part.commands(args):
+            overrides = [o for o in command[command.index("run") + 1:] if not o.startswith("seed=")]
+            value = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in overrides}
+            recipe = RECIPE_OF.get(value["experiment"], value["experiment"])
+            recipe += "" if value.get("scale", "default") == "default" else f"_{value['scale']}"
+            assert recipe == part.recipe, part.name
+            recorded = normal_setting(setting("__".join(overrides)))
+            cells = [c for claim in CLAIMS for c in claim.needs if c.recipe == recipe]
+            assert cells, part.name
+            if part.name == "admin_grid":
+                assert {x.split("=")[0] for x in recorded.split()} == {"task", "train.steps", "train.eval_every"}
+            else:
+                for c in cells:
+                    assert recorded in {normal_setting(x) for x in c.settings}, (part.name, recorded, c.settings)

@@ -272,7 +272,7 @@ PERTURBATIONS = [
     # floor(a L) is a step: at L = 4, a = 0.25 sits on it, so a smaller a moves a layer.
     Perturbation("Mix-LN's ratio, smaller", ("group/mix_ln/lm",), overrides=("group.mix_ratio=0.24975",)),
     Perturbation("the lr schedules", ("group/postln", "group/postln_warmup", "group/t_fixup"),
-                 _in("stabexp.train.build", "lr_factor")),
+                 _in("stabexp.train.schedule", "lr_factor")),
     # probes
     Perturbation("model update", ("group/postln",), _in("stabexp.probes.layers", "model_update")),
     Perturbation("the probes' token mean (LN input, stream norm)", ("group/postln", "group/peri_ln/lm"),

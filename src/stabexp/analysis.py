@@ -201,7 +201,10 @@ def smd_convergence(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     RATE_FROM to the last before the first at most RATE_TO (RATE_POINTS of them at least; else no
     fit), the least-squares line of log(gap) on the step: its time constant -1 / slope and R^2.
     One row per run: of its fitted weights, the time constant over the theory's furthest from 1
-    (in ratio), the lowest R^2, and how many weights were fitted of how many."""
+    (in ratio), the lowest R^2, and how many weights were fitted of how many; what the theorems
+    assume and the fit needs: `scale_drift`, the largest |ln| of a fitted weight's mean E||g~||^2
+    over its approach against over the equilibrium window (the theorems hold it constant), and
+    `span_probes`, how many probe spacings the theory's approach spans (rate_span)."""
     out = []
     weights = layers.dropna(subset=["weight_norm"]) if "weight_norm" in layers else layers.iloc[0:0]
     for _, run in runs.dropna(subset=["theory_time_constant"]).iterrows():
@@ -210,7 +213,7 @@ def smd_convergence(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
         if rows.empty:
             continue
         start = smd_window_start(run.theory_time_constant, run.steps_done)
-        ratios, r2s, count = [], [], 0
+        ratios, r2s, drifts, count = [], [], [], 0
         for _, w in rows.groupby(["stack", "layer", "sublayer", "param"], dropna=False):
             count += 1
             w = w.sort_values("step")
@@ -232,11 +235,28 @@ def smd_convergence(runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
             else:
                 ratios.append(-1.0 / fit["slope"] / run.theory_time_constant)
             r2s.append(fit["r2"])
+            if "grad_norm" in w:
+                # The theorems' E||g~||^2, the gradient's size at unit norm: (||grad|| ||w||)^2 for
+                # a scale-invariant weight; over the fitted approach against the equilibrium window.
+                scale = (pd.to_numeric(w.grad_norm, errors="coerce").to_numpy(float) * w.weight_norm.to_numpy(float)) ** 2
+                approach, settled = np.nanmean(scale[first:last]), np.nanmean(scale[steps >= start])
+                drift = abs(float(np.log(approach / settled)))
+                if np.isfinite(drift):  # a weight without a gradient norm has none to tell
+                    drifts.append(drift)
         worst = max(ratios, key=lambda r: abs(np.log(r))) if ratios else float("nan")
+        spacing = float(np.median(np.diff(np.unique(rows.step.to_numpy(float))))) if rows.step.nunique() > 1 else float("nan")
         out.append({"run": run.run, "optim": run.optim, "lr": run.lr, "weight_decay": run.weight_decay,
                     "time_constant": run.theory_time_constant, "rate_ratio": worst,
-                    "rate_r2": min(r2s) if r2s else float("nan"), "fitted": len(ratios), "weights": count})
+                    "rate_r2": min(r2s) if r2s else float("nan"), "fitted": len(ratios), "weights": count,
+                    "scale_drift": max(drifts) if drifts else float("nan"),
+                    "span_probes": rate_span(run.theory_time_constant) / spacing})
     return pd.DataFrame(out)
+
+
+def rate_span(time_constant: float) -> float:
+    """Steps the theory's approach takes from a gap of RATE_FROM to RATE_TO: ln(RATE_FROM / RATE_TO)
+    time constants. A fit of the rate needs RATE_POINTS probe steps inside it."""
+    return float(np.log(RATE_FROM / RATE_TO) * time_constant)
 
 
 def preln_stream_growth(layers: pd.DataFrame) -> pd.DataFrame:
@@ -446,8 +466,11 @@ def lr_sensitivity(final_losses, loss_0: float) -> float:
 
 
 # A sweep's cell, its preset, or what config.run_name leaves out of a folder's name (what to do
-# with the folder, where the run is watched): none of them changes what a run computes.
-NOT_A_SETTING = ("group=", "depth=", "seed=", "experiment=", "scale=", "overwrite=", "logger=", "logger.")
+# with the folder, where the run is watched), or the device it computes on (the same numbers, to
+# float rounding: a GPU call's runs of a preset are that preset's runs): none of them changes
+# what a run measures.
+NOT_A_SETTING = ("group=", "depth=", "seed=", "experiment=", "scale=", "overwrite=", "logger=", "logger.",
+                 "train.device=")
 
 
 def setting(overrides, besides=()) -> str:
@@ -668,3 +691,25 @@ def final_max_logit(layers: pd.DataFrame) -> pd.Series:
     rows = layers.dropna(subset=["max_attn_logit"])
     rows = rows[rows.step == rows.groupby("run").step.transform("max")]
     return rows.groupby("run").max_attn_logit.max()
+
+
+# --- convergence: has a run stopped improving? -----------------------------------------------
+
+# The last stretch of a run over which its metric must have stopped moving for its final value to
+# stand for what the model reaches: the last quarter of its steps.
+LAST_STRETCH = 0.25
+
+
+def last_stretch_change(steps, values, last: float = LAST_STRETCH) -> float:
+    """How much a metric moved over the last `last` of a run: its final evaluation less the one at
+    or before step (1 - last) x the final step (positive where it rose). NaN with fewer than two
+    evaluations in reach, or none at or before that step other than the final one."""
+    frame = pd.DataFrame({"step": np.asarray(steps, dtype=float), "value": np.asarray(values, dtype=float)})
+    frame = frame.dropna().sort_values("step")
+    if len(frame) < 2:
+        return float("nan")
+    end = frame.step.iloc[-1]
+    before = frame[(frame.step <= (1 - last) * end) & (frame.step < end)]
+    if before.empty:
+        return float("nan")
+    return float(frame.value.iloc[-1] - before.value.iloc[-1])

@@ -69,15 +69,16 @@ def evaluate_all(recorded: pd.DataFrame, claims: Optional[List[Claim]] = None) -
     return [evaluate(claim, evidence) for claim in (claims or CLAIMS)]
 
 
-COLUMNS = ("claim", "paper", "evidence", "measured", "verdict", "runs", "missing")
+COLUMNS = ("claim", "paper", "evidence", "measured", "verdict", "checks", "runs", "missing")
 
 
 def markdown(results: List[Result], page: str = "", columns=COLUMNS) -> str:
     """The verdict table, one row per claim, with `columns` of: claim (linked to its section of
     `page`), paper, evidence (the scale and task, and the dates of the runs read), measured (with
     its spread over seeds), verdict, runs (how many finished runs of its cells it read), missing
-    (what it lacks, the command that makes it and, where known, what that costs); then the count of
-    each verdict."""
+    (what it lacks, the command that makes it and, where known, what that costs), checks (each
+    regime check with its reading, and for one that stopped the verdict what meets it); then the
+    count of each verdict."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in results:
         c = r.claim
@@ -87,13 +88,20 @@ def markdown(results: List[Result], page: str = "", columns=COLUMNS) -> str:
             missing = r.missing[0] + (f" (and {len(r.missing) - 1} more)" if len(r.missing) > 1 else "")
             missing += f"; `{c.command}`" + (f" ({c.cost})" if c.cost else "")
         evidence = c.evidence + (f"; runs of {r.dates}" if r.dates else "")
+        checks = "; ".join(reading.text() for reading in r.checks) or "-"
+        remedies = [b.check.remedy for b in r.blocking if b.check.remedy]
+        if remedies:
+            checks += "; to meet: " + "; ".join(dict.fromkeys(remedies))
         cell = {"claim": f"{source}: {c.statement}", "paper": c.paper, "evidence": evidence,
-                "measured": r.measured, "verdict": f"**{r.verdict}**", "runs": str(r.runs), "missing": missing}
+                "measured": r.measured, "verdict": r.verdict_text(), "checks": checks, "runs": str(r.runs),
+                "missing": missing}
         lines.append("| " + " | ".join(cell[k].replace("|", "\\|") for k in columns) + " |")
     counts = pd.Series([r.verdict for r in results]).value_counts()
     lines.append("")
+    narrow = sum(bool(r.narrowly) for r in results)
+    stopped = sum(bool(r.blocking) for r in results)
     lines.append(", ".join(f"{verdict}: {counts[verdict]}" for verdict in VERDICTS if verdict in counts)
-                 + f" ({len(results)} claims).")
+                 + f" ({len(results)} claims; {stopped} not shown by a regime check, {narrow} narrowly).")
     revised = [r.claim for r in results if r.claim.revised]
     if "missing" in columns and revised:
         lines += ["", "Rules changed after they were written:"]

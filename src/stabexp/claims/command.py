@@ -69,4 +69,9 @@ def main(argv: List[str]) -> int:
         print(json_text([r.as_dict() for r in results], indent=1, ensure_ascii=False), end="")
     else:
         print(claims.markdown(results, page="docs/results.md"))
+        quick = found[found.scale == "quick"] if "scale" in found else found.iloc[0:0]
+        if len(quick):
+            n = quick.groupby(["recipe", "group", "depth", "seed", "setting"], dropna=False).ngroups
+            print(f"\n{n} runs at scale=quick ({', '.join(sorted(set(quick.recipe)))}), read by no claim: "
+                  "a quick scale checks that a preset runs, it measures nothing a claim can rest on.")
     return 0

@@ -27,9 +27,9 @@ from typing import Iterable, List, Tuple
 import numpy as np
 import pandas as pd
 
-from stabexp.analysis import (encoder_input_change, final_max_logit, is_scale_invariant, last_w2_grad, least_squares,
-                              linear_and_log_fits, output_gradients, setting, smd_convergence, smd_equilibrium,
-                              update_bound_steps)
+from stabexp.analysis import (encoder_input_change, final_max_logit, is_scale_invariant, last_stretch_change,
+                              last_w2_grad, least_squares, linear_and_log_fits, output_gradients, setting,
+                              smd_convergence, smd_equilibrium, update_bound_steps)
 from stabexp.claims.registry import normal_setting
 from stabexp.errors import ConfigError
 from stabexp.plotting.collect import Tables, collect
@@ -90,6 +90,24 @@ def _gradient_mean(metrics: pd.DataFrame) -> List[pd.DataFrame]:
     return [_per_run(trained.groupby("run").grad_norm.mean().reset_index(), "grad_norm", "grad_norm_mean")]
 
 
+# The curves a run's convergence is read from, and the measure each gives (analysis.last_stretch_change).
+CONVERGENCE = {"eval_loss": "eval_loss_last_change", "valid_bleu": "valid_bleu_last_change"}
+
+
+def _convergence(curves: pd.DataFrame, keys) -> List[pd.DataFrame]:
+    """Per run (rows grouped by `keys`): how far each eval curve moved over its last quarter."""
+    out = []
+    for column, name in CONVERGENCE.items():
+        if column not in curves:
+            continue
+        rows = curves.assign(**{column: pd.to_numeric(curves[column], errors="coerce")}).dropna(subset=[column])
+        if rows.empty:
+            continue
+        change = rows.groupby(keys).apply(lambda r: last_stretch_change(r.step, r[column]), include_groups=False)
+        out.append(change.dropna().rename("value").reset_index().assign(measure=name))
+    return out
+
+
 def _at_init(metrics: pd.DataFrame, layers: pd.DataFrame) -> List[pd.DataFrame]:
     out = []
     if not metrics.empty:
@@ -148,9 +166,7 @@ def _decoder_early(layers: pd.DataFrame) -> List[pd.DataFrame]:
         rows = rows[rows.param.isna()]
     out = []
     ln = rows.dropna(subset=["ln_input_norm"]).groupby(["run", "step"]).ln_input_norm.mean().unstack()
-    # Collected beside runs without some columns, the tables can hold numbers as objects.
-    grads = rows.dropna(subset=["grad_norm"]).assign(sq=lambda r: pd.to_numeric(r.grad_norm, errors="coerce") ** 2)
-    per_layer = np.sqrt(grads.groupby(["run", "step", "layer"]).sq.sum())
+    per_layer = _decoder_layer_gradients(layers)
     for k in (1, 30):
         if 0 in ln and k in ln:
             out.append((ln[k] / ln[0]).dropna().rename("value").reset_index().assign(measure=f"ln_input_growth@{k}"))
@@ -160,6 +176,35 @@ def _decoder_early(layers: pd.DataFrame) -> List[pd.DataFrame]:
             bottom = by_run.apply(lambda s: s.xs(s.index.get_level_values("layer").min(), level="layer").iloc[0])
             out.append((bottom / by_run.max()).rename("value").reset_index().assign(measure=f"grad_bottom_over_top@{k}"))
     return out
+
+
+# DeepNet Fig. 3's window: the gradient of the top layers over the first 30 updates (v1, Sec. 3).
+FIG3_UPDATES = 30
+
+
+def _decoder_layer_gradients(layers: pd.DataFrame) -> pd.Series:
+    """Per (run, step, layer) of the decoder: the layer's gradient norm, its sublayers' norms
+    added in squares (the sublayer rows, not the weight rows)."""
+    rows = layers[layers["stack"] == "decoder"]
+    if "param" in rows:
+        rows = rows[rows.param.isna()]
+    # Collected beside runs without some columns, the tables can hold numbers as objects.
+    rows = rows.assign(sq=pd.to_numeric(rows.grad_norm, errors="coerce") ** 2).dropna(subset=["sq"])
+    return np.sqrt(rows.groupby(["run", "step", "layer"]).sq.sum())
+
+
+def _top_gradient(layers: pd.DataFrame) -> List[pd.DataFrame]:
+    """DeepNet Fig. 3, per run: the gradient norm of the decoder's top layer, the mean over the
+    probe steps 1..FIG3_UPDATES."""
+    if layers.empty or "grad_norm" not in layers:
+        return []
+    per_layer = _decoder_layer_gradients(layers).reset_index(name="norm")
+    window = per_layer[(per_layer.step >= 1) & (per_layer.step <= FIG3_UPDATES)]
+    if window.empty:
+        return []
+    top = window[window.layer == window.groupby("run").layer.transform("max")]
+    mean = top.groupby("run").norm.mean()
+    return [mean.rename("value").reset_index().assign(measure="decoder_top_grad_mean")]
 
 
 def _spread_over_sublayers(layers: pd.DataFrame, step: int = 30) -> List[pd.DataFrame]:
@@ -262,7 +307,8 @@ def _late_probes(tables) -> List[pd.DataFrame]:
         rate = smd_convergence(runs, layers)
         if not rate.empty:
             out += [_per_run(rate, "rate_ratio", "smd_rate_ratio"), _per_run(rate, "rate_r2", "smd_rate_r2"),
-                    _per_run(rate, "fitted", "smd_rate_fitted")]
+                    _per_run(rate, "fitted", "smd_rate_fitted"), _per_run(rate, "scale_drift", "smd_scale_drift"),
+                    _per_run(rate, "span_probes", "smd_span_probes")]
     if not layers.empty and {"weight_norm", "scale_invariant"} <= set(layers.columns):
         out += _norm_growth(layers)
     if not layers.empty and {"grad_cosine", "scale_invariant"} <= set(layers.columns):
@@ -337,7 +383,9 @@ def measures(tables) -> pd.DataFrame:
     """Long table (run, measure, value) of every measure the collected tables give."""
     runs = tables["runs"]
     parts = [_per_run(runs, column, column) for column in SUMMARY_MEASURES if column in runs]
-    parts += _model_updates(tables["metrics"]) + _gradient_mean(tables["metrics"])
+    parts += _model_updates(tables["metrics"]) + _gradient_mean(tables["metrics"]) + _top_gradient(tables["layers"])
+    if not tables["metrics"].empty:
+        parts += _convergence(tables["metrics"], "run")
     parts += _at_init(tables["metrics"], tables["layers"])
     parts += _decoder_early(tables["layers"]) + _spread_over_sublayers(tables["layers"]) + _clinic(tables["layers"])
     parts += _vanishing(tables["layers"]) + _dependency(tables["dependency"])
@@ -399,9 +447,12 @@ def from_cells(path: Path) -> pd.DataFrame:
         init = steps[steps.step == 0].rename(columns={"eval_loss": "eval_loss@0"})
         join = ["recipe", "group", "depth", "seed", "setting"]
         frame = frame.merge(init[[*join, "eval_loss@0"]].drop_duplicates(join), on=join, how="left")
+        for change in _convergence(steps, join):  # how far each curve moved over its last quarter
+            frame = frame.merge(change.pivot_table(index=join, columns="measure", values="value").reset_index(),
+                                on=join, how="left")
     if "experiment" in frame:  # the preset a run was made by says its recipe (RECIPE_OF)
         frame["recipe"] = frame.experiment.map(lambda e: RECIPE_OF.get(e, e) if isinstance(e, str) else "")
-    present = [m for m in (*CELL_MEASURES, "eval_loss@0") if m in frame]
+    present = [m for m in (*CELL_MEASURES, "eval_loss@0", *CONVERGENCE.values()) if m in frame]
     long = frame.melt(id_vars=[*KEY, "task", "status", "date"], value_vars=present, var_name="measure",
                       value_name="value").dropna(subset=["value"])
     return _typed(long[RECORD_COLUMNS])

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from stabexp.analysis import least_squares, lr_sensitivity
-from stabexp.claims.registry import Evidence, every, mean, normal_setting, value_as_hydra_writes
+from stabexp.claims.registry import Evidence, every, mean, normal_setting, value_as_hydra_writes, whole_evidence
 
 
 def outcome(ev: Evidence, recipe: str, group: str, depth=None, setting: Optional[str] = "") -> str:
@@ -51,8 +51,15 @@ def beats(a: pd.Series, b: pd.Series, higher_is_better: bool) -> bool:
 
 def with_seeds(runs: pd.DataFrame, measure: str, min_seeds: int = 3, keep=()) -> pd.DataFrame:
     """The runs of the groups that hold `measure` in `min_seeds` seeds or more (and of `keep`):
-    the groups a comparison counts, since one seed's lead is no test."""
-    counted = runs.dropna(subset=[measure]).groupby("group").seed.nunique()
+    the groups a comparison counts, since one seed's lead is no test. With a seed left out to see
+    whether one seed moves a verdict (registry.one_seed_moves), the groups are counted on the same
+    cells before it was left out."""
+    source = runs
+    whole = whole_evidence()
+    if whole is not None and not runs.empty:
+        cells = runs[["recipe", "depth", "setting"]].drop_duplicates()
+        source = whole.merge(cells, on=["recipe", "depth", "setting"])
+    counted = source.dropna(subset=[measure]).groupby("group").seed.nunique()
     return runs[runs.group.isin(set(counted[counted >= min_seeds].index) | set(keep))]
 
 

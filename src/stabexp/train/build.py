@@ -18,7 +18,7 @@ from stabexp.model import build_model, initialise
 from stabexp.model.transformer import DecoderLayer, EncoderLayer
 from stabexp.probes.adapters import StabexpAdapter
 from stabexp.probes.base import ProbeContext, ProbeSet
-from stabexp.train.schedule import lr_factor
+from stabexp.train.schedule import factor_of
 from stabexp.theory import torch_form
 
 
@@ -83,11 +83,8 @@ def describe(cfg: DictConfig, model: torch.nn.Module, task: Task, device: torch.
 
 
 def lr_schedule(cfg: DictConfig, optimiser: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    t = cfg.train
-    schedule = cfg.group.schedule if t.schedule == "group" else t.schedule
-    init_factor = None if t.warmup_init_lr is None else t.warmup_init_lr / t.lr
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda i: lr_factor(schedule, i + 1, t.warmup_steps, init_factor, t.decay_period, t.steps))
+    factor = factor_of(cfg)
+    return torch.optim.lr_scheduler.LambdaLR(optimiser, lambda i: factor(i + 1))
 
 
 def probes_for(cfg: DictConfig, model: torch.nn.Module, task: Task, probe_batch, device: torch.device,

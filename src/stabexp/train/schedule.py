@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 
 def lr_factor(schedule: str, step: int, warmup_steps: int, init_factor: Optional[float] = None,
@@ -44,3 +44,13 @@ def lr_factor(schedule: str, step: int, warmup_steps: int, init_factor: Optional
             return step / warmup_steps
         return max(0.0, (total_steps + 1 - step) / (total_steps + 1 - warmup_steps))
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def factor_of(cfg) -> Callable[[int], float]:
+    """The multiplier of the peak lr at optimiser step t (1-based) that a run's config asks for:
+    its group's schedule where train.schedule is "group", fairseq's warm-up start as a fraction
+    of the peak."""
+    t = cfg.train
+    schedule = cfg.group.schedule if t.schedule == "group" else t.schedule
+    init_factor = None if t.warmup_init_lr is None else t.warmup_init_lr / t.lr
+    return lambda step: lr_factor(schedule, step, t.warmup_steps, init_factor, t.decay_period, t.steps)
