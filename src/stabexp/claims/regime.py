@@ -150,24 +150,16 @@ def converged(recipe: str, groups: Optional[Iterable[str]], depths: Sequence[int
 
 # --- controls -------------------------------------------------------------------------------
 
-def control_fails(recipe: str, group: str, depth: int, why: str, remedy: str = "") -> Check:
+def control(recipe: str, group: str, depth: int, expected: str, why: str, remedy: str = "") -> Check:
+    """The model a comparison needs `expected` ("fails" or "trains", rules.outcome) does so at
+    `depth` in every seed of `recipe`: "control fails" / "control trains"."""
     def reading(ev: Evidence):
         found = outcome(ev, recipe, group, depth)
         if found == "-":
             return None, f"no runs of {group} at {depth}L in {recipe}"
-        return found == "fails", f"{group} at {depth}L: {found}"
-    return Check("control fails", f"{group} fails at {depth}L in every seed of the same recipe ({why})", reading,
-                 guards=EVERY_VERDICT, remedy=remedy)
-
-
-def control_trains(recipe: str, group: str, depth: int, why: str, remedy: str = "") -> Check:
-    def reading(ev: Evidence):
-        found = outcome(ev, recipe, group, depth)
-        if found == "-":
-            return None, f"no runs of {group} at {depth}L in {recipe}"
-        return found == "trains", f"{group} at {depth}L: {found}"
-    return Check("control trains", f"{group} trains at {depth}L in every seed ({why})", reading, guards=EVERY_VERDICT,
-                 remedy=remedy)
+        return found == expected, f"{group} at {depth}L: {found}"
+    return Check(f"control {expected}", f"{group} {expected} at {depth}L in every seed of the same recipe ({why})",
+                 reading, guards=EVERY_VERDICT, remedy=remedy)
 
 
 def some_run_learns(recipe: str, depth: int, remedy: str = "") -> Check:
@@ -247,5 +239,5 @@ def not_this_quantity(what: str, instead: str) -> Check:
 
 
 __all__ = ["preset", "update_ceiling", "room_for_ratio", "room_for_growth", "judged_updates", "warmup_in_effect",
-           "converged", "control_fails", "control_trains", "some_run_learns", "some_run_diverges",
+           "converged", "control", "some_run_learns", "some_run_diverges",
            "smd_stationary", "smd_resolved", "not_this_quantity", "WARMUP_SHARE", "SCALE_DRIFT", "MULTI30K_LONGER"]
