@@ -88,7 +88,7 @@ def markdown(results: List[Result], page: str = "", columns=COLUMNS) -> str:
             missing = r.missing[0] + (f" (and {len(r.missing) - 1} more)" if len(r.missing) > 1 else "")
             missing += f"; `{c.command}`" + (f" ({c.cost})" if c.cost else "")
         evidence = c.evidence + (f"; runs of {r.dates}" if r.dates else "")
-        checks = "; ".join(reading.text() for reading in r.checks) or "-"
+        checks = r.checks_text()
         remedies = [b.check.remedy for b in r.blocking if b.check.remedy]
         if remedies:
             checks += "; to meet: " + "; ".join(dict.fromkeys(remedies))

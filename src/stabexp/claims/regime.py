@@ -150,16 +150,19 @@ def converged(recipe: str, groups: Optional[Iterable[str]], depths: Sequence[int
 
 # --- controls -------------------------------------------------------------------------------
 
-def control(recipe: str, group: str, depth: int, expected: str, why: str, remedy: str = "") -> Check:
+def control(recipe: str, group: str, depth: int, expected: str, why: str, remedy: str = "",
+            guards=EVERY_VERDICT) -> Check:
     """The model a comparison needs `expected` ("fails" or "trains", rules.outcome) does so at
-    `depth` in every seed of `recipe`: "control fails" / "control trains"."""
+    `depth` in every seed of `recipe`: "control fails" / "control trains". Guarding only "holds":
+    the runs could have failed (a claim that one model trains where another fails shows nothing
+    where the other trains too)."""
     def reading(ev: Evidence):
         found = outcome(ev, recipe, group, depth)
         if found == "-":
             return None, f"no runs of {group} at {depth}L in {recipe}"
         return found == expected, f"{group} at {depth}L: {found}"
     return Check(f"control {expected}", f"{group} {expected} at {depth}L in every seed of the same recipe ({why})",
-                 reading, guards=EVERY_VERDICT, remedy=remedy)
+                 reading, guards=guards, remedy=remedy)
 
 
 def some_run_learns(recipe: str, depth: int, remedy: str = "") -> Check:

@@ -107,6 +107,7 @@ class Claim:
     cost: str = ""                  # what `command` costs here (2 cores) and on one GPU, and how that is known
     revised: str = ""               # a criterion changed: when, why, and the verdict before -> after
     checks: Tuple[Check, ...] = ()  # the regime its effect can show in, measured beside the rule
+    unchecked: str = ""             # no check: why no regime conditions the effect (at init, an identity)
 
     @property
     def rule(self) -> str:
@@ -142,12 +143,21 @@ class Result:
             text += f" (narrowly: {self.narrowly})"
         return text
 
+    def checks_text(self) -> str:
+        """Each regime check with its reading (those not read: the claim has no runs yet), or why
+        none applies."""
+        if self.checks:
+            return "; ".join(reading.text() for reading in self.checks)
+        if self.claim.checks:
+            return "; ".join(f"{c.name}: not read (no runs)" for c in self.claim.checks)
+        return f"none: {self.claim.unchecked}" if self.claim.unchecked else "-"
+
     def as_dict(self) -> Dict:
         c = self.claim
         return {"id": c.id, "source": c.source, "statement": c.statement, "paper": c.paper,
                 "evidence": c.evidence, "dates": self.dates, "measured": self.measured, "verdict": self.verdict,
                 "rule_verdict": self.rule_verdict, "narrowly": self.narrowly,
-                "checks": [r.as_dict() for r in self.checks],
+                "checks": [r.as_dict() for r in self.checks], "unchecked": c.unchecked,
                 "runs": self.runs, "missing": self.missing, "criterion": c.rule, "command": c.command,
                 "cost": c.cost, "section": c.section, "revised": c.revised}
 
