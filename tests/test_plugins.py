@@ -350,3 +350,44 @@ def test_each_builtin_optimiser_factory_builds_what_it_did(make_cfg, name, kind,
         assert decay[key] == pytest.approx(value), key
     if kind is not torch.optim.SGD:
         assert decay["betas"] == (0.8, 0.9) and decay["eps"] == 1e-7
+
+
+def test_a_plugin_probe_adds_its_layers_column_to_the_header(make_cfg, tmp_path, monkeypatch):
+    """A probe of one's own that fills a layers.csv column no built-in has: the column joins the
+    header after the built-ins' (docs/probes.md), each sublayer row holds its value, and a run
+    resumed from a checkpoint writes the same file."""
+    from stabexp.train import trainer
+    from stabexp.train.recording import LAYERS_COLUMNS
+
+    write_module(tmp_path / "site", "plugtest_probe", """
+        import torch
+        from stabexp.probes.base import Probe, Rows
+
+        class BranchCount(Probe):
+            layers_columns = ("sublayer_index",)  # a column of its own
+
+            def measure(self, step):
+                n = len(self.ctx.adapter.sublayers())
+                return Rows(sublayers=[{"sublayer_index": float(i)} for i in range(n)])
+        """)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    overrides = ["train.steps=6", "probe.every=2", "train.checkpoint_every=2", "probe.extra=[plugtest_probe.BranchCount]"]
+    trainer.train(make_cfg(*overrides), tmp_path / "whole")
+    layers = pd.read_csv(tmp_path / "whole" / "layers.csv")
+    assert list(layers.columns) == [*LAYERS_COLUMNS, "sublayer_index"]
+    rows = layers[layers.param.isna()]
+    assert rows.groupby("step").sublayer_index.apply(lambda s: s.tolist() == list(map(float, range(len(s))))).all()
+    assert rows[rows.step > 0].grad_norm.notna().all()  # the built-in probes' cells beside it
+
+    real = trainer.Run.step
+
+    def stop_at_five(run, step):
+        if step == 5:
+            raise KeyboardInterrupt
+        return real(run, step)
+    monkeypatch.setattr(trainer.Run, "step", stop_at_five)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(make_cfg(*overrides), tmp_path / "resumed")
+    monkeypatch.setattr(trainer.Run, "step", real)
+    trainer.train(make_cfg(*overrides), tmp_path / "resumed")
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "resumed" / "layers.csv"), layers)

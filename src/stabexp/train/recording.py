@@ -46,6 +46,12 @@ LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "l
                   "grad_cosine"]
 
 
+def layers_columns(probe_columns: Sequence[str] = ()) -> List[str]:
+    """layers.csv's columns: the built-in probes' (LAYERS_COLUMNS), then those of plug-in probes
+    (`probe_columns`, those not already there)."""
+    return LAYERS_COLUMNS + [c for c in dict.fromkeys(probe_columns) if c not in LAYERS_COLUMNS]
+
+
 def eval_results(result: Dict, row: Dict) -> None:
     """An eval row's scores into a run's results: the best eval loss so far (a finite one), the
     final eval loss and accuracy."""
@@ -82,10 +88,11 @@ class Recorder:
     def for_probes(cls, out_dir: Path, probes: ProbeSet, eval_columns: Sequence[str],
                    trackers: Optional[Trackers] = None, resume: Optional[Dict] = None) -> "Recorder":
         """The files of these probes on the model their adapter describes; a plug-in probe's
-        metrics columns go after the eval columns."""
+        metrics columns go after the eval columns, its layers columns after the built-ins'."""
         columns = metrics_columns(eval_columns, [c for p in probes for c in p.metrics_columns])
         sublayers = [(s.stack, s.layer, s.name) for s in probes.ctx.adapter.sublayers()]
-        return cls(out_dir, columns, sublayers, probes.files(), trackers=trackers, resume=resume)
+        return cls(out_dir, columns, sublayers, probes.files(), trackers=trackers, resume=resume,
+                   layers_columns=layers_columns([c for p in probes for c in p.layers_columns]))
 
     def write(self, row: Dict, rows: Optional[Rows] = None) -> Dict:
         """One step's files: the sublayer rows (when a probe measured them) and any whole layers
