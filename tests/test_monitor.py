@@ -12,9 +12,12 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn as nn
-from transformers import GPT2Config, GPT2LMHeadModel
 
-from stabexp.monitor import Monitor
+# Most of these tests run Hugging Face models: without the monitor extra the module is skipped.
+pytest.importorskip("transformers", reason="the monitor extra: make install EXTRAS=monitor")
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+from stabexp.monitor import Monitor  # noqa: E402
 
 VOCAB, T = 64, 16
 
@@ -854,7 +857,7 @@ def test_the_hugging_face_trainer_callback(tmp_path):
 def test_the_lightning_callback(tmp_path):
     """A LightningModule on nn.TransformerEncoder (Post-LN): 10 steps; the gradient norms those
     of on_before_optimizer_step, by hand in a callback of the same moment."""
-    import lightning as L
+    L = pytest.importorskip("lightning", reason="the monitor extra: make install EXTRAS=monitor")
 
     from stabexp.monitor import LightningMonitor
 
