@@ -191,7 +191,7 @@ class Monitor:
         self.probes = ProbeSet(classes, ctx)
         self.trackers = Trackers.open(self.cfg, self.out_dir)
         self.recorder = Recorder.for_probes(self.out_dir, self.probes, Task.eval_columns, self.trackers)
-        self.start, self.steps_done, self.last_loss, self.before_done = time.perf_counter(), 0, None, False
+        self.start, self.steps_done, self.last_loss = time.perf_counter(), 0, None
         self.trackers.start(self.summary)
         write_json(self.out_dir / SUMMARY, self.summary)
         was_training = model.training
@@ -223,7 +223,6 @@ class Monitor:
         if self.optimizer is not None:
             self.lr = float(self.optimizer.param_groups[0]["lr"])
         self.probes.before_step(step, self.is_probe_step(step))
-        self.before_done = True
 
     def _open(self, what: str) -> None:
         if self.closed:
@@ -244,7 +243,6 @@ class Monitor:
             loss = float(loss)
         step = self.steps_done = self.steps_done + 1
         self.last_loss = loss if loss is not None else self.last_loss
-        self.before_done = False
         probing = self.is_probe_step(step)
         self._arm(step + 1)
         if not self.probes.due(step, probing) and not self.is_eval_step(step):

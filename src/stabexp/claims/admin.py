@@ -280,9 +280,10 @@ def _adam_balance(ev: Evidence):
 
 
 BETAS = ["[0.9,0.99]", "[0.9,0.995]", "[0.9,0.999]"]
-GRID = grid(**{"optim.betas": BETAS, "train.lr": ["1e-4", "2e-4", "3e-4", "4e-4", "5e-4"]})
+GRID_LRS = [f"{lr:.0e}".replace("e-0", "e-") for lr in paper.ADMIN_GRID_LRS]  # "1e-4", as the presets write them
+GRID = grid(**{"optim.betas": BETAS, "train.lr": GRID_LRS})
 # At the paper's scale the grid runs on translation (task=multi30k on the command line).
-GRID_PAPER = grid(**{"optim.betas": BETAS, "task": ["multi30k"], "train.lr": ["1e-4", "2e-4", "3e-4", "4e-4", "5e-4"]})
+GRID_PAPER = grid(**{"optim.betas": BETAS, "task": ["multi30k"], "train.lr": GRID_LRS})
 
 
 def _failed_settings(ev: Evidence, recipe: str, group: str, settings) -> set:
@@ -538,7 +539,7 @@ CLAIMS = [
     Claim(id="admin-grid", source="Admin's (lr, β₂) grid",
           statement="Without warm-up Post-LN diverges in 7 of 15 settings; Pre-LN and Admin in none",
           paper="7 / 0 / 0 of 15", evidence=ADMIN_TINY + ", 6L-6L, RAdam, 300 steps, three seeds per setting",
-          command="stabexp run experiment=admin_grid seed=0,1,2 train.lr=1e-4,2e-4,3e-4,4e-4,5e-4",
+          command=f"stabexp run experiment=admin_grid seed=0,1,2 train.lr={','.join(GRID_LRS)}",
           needs=(Cells("admin_grid", tuple(paper.ADMIN_GRID_DIVERGED), (6,), settings=tuple(GRID)),), criterion=_grid("admin_grid", GRID),
           section="17-the-lr-beta2-grid-without-warm-up-admins-15-settings",
           revised="2026-12-03, before its runs: a setting counts once however many of its runs diverged. "
@@ -548,7 +549,7 @@ CLAIMS = [
     Claim(id="admin-grid-beats", source="Admin's (lr, β₂) grid",
           statement="Where Post-LN converges it beats Pre-LN in 7 of the 8 settings",
           paper="7 of 8", evidence=ADMIN_TINY + ", 6L-6L, RAdam, 300 steps, three seeds per setting",
-          command="stabexp run experiment=admin_grid seed=0,1,2 train.lr=1e-4,2e-4,3e-4,4e-4,5e-4",
+          command=f"stabexp run experiment=admin_grid seed=0,1,2 train.lr={','.join(GRID_LRS)}",
           needs=(Cells("admin_grid", ("postln", "preln"), (6,), settings=tuple(GRID), measures=("final_eval_loss",)),),
           criterion=_grid_beats("admin_grid", GRID), section="17-the-lr-beta2-grid-without-warm-up-admins-15-settings",
           cost="about 55 min here, as admin-grid's; one GPU: not measured, the GPU path has not run",
