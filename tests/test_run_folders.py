@@ -347,3 +347,15 @@ def test_a_summary_that_is_not_a_runs_is_skipped_by_readers_and_refused_by_a_run
             trainer.train(make_cfg("group=postln", "overwrite=true"), bad)
     else:
         assert trainer.train(make_cfg("group=postln", "overwrite=true"), bad)["status"] == "completed"
+
+
+def test_an_outputs_folder_under_a_folder_named_figures_keeps_its_runs(tmp_path):
+    """find_runs leaves out the collected tables and figures made from the runs, by the names of
+    the folders below the outputs folder only: above it, `figures` or `collected` hide nothing."""
+    from stabexp.train.files import SUMMARY, find_runs
+
+    outputs = tmp_path / "figures" / "collected" / "out"
+    for run in ("multirun/a", "multirun/b", "figures/plot_run", "collected/table_run"):
+        (outputs / run).mkdir(parents=True)
+        (outputs / run / SUMMARY).write_text("{}")
+    assert find_runs(outputs) == [outputs / "multirun" / "a", outputs / "multirun" / "b"]

@@ -154,9 +154,12 @@ def summary_file_problem(path: Path) -> Optional[str]:
 
 def find_runs(outputs: Path) -> List[Path]:
     """Every run folder under `outputs` (a folder holding a summary.json), in order; the
-    collected tables and figures made from them are not runs."""
-    return sorted(p.parent for p in Path(outputs).rglob(SUMMARY)
-                  if "collected" not in p.parts and "figures" not in p.parts)
+    collected tables and figures made from them are not runs. Only the folders below `outputs`
+    are tested for those names: an outputs folder that itself sits in a folder named `figures`
+    keeps its runs."""
+    root = Path(outputs)
+    return sorted(p.parent for p in root.rglob(SUMMARY)
+                  if not {"collected", "figures"} & set(p.relative_to(root).parts))
 
 
 def read_summary(out_dir: Path) -> Optional[Dict]:
