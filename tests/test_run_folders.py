@@ -359,3 +359,19 @@ def test_an_outputs_folder_under_a_folder_named_figures_keeps_its_runs(tmp_path)
         (outputs / run).mkdir(parents=True)
         (outputs / run / SUMMARY).write_text("{}")
     assert find_runs(outputs) == [outputs / "multirun" / "a", outputs / "multirun" / "b"]
+
+
+def test_a_row_cut_short_is_left_out_with_a_warning_not_read_as_whole(tmp_path, caplog):
+    """A metrics.csv that ends mid-row (a run killed in the middle of a write): the cut row is not
+    read as a row (its loss "2" is the first digit of 2.9359), the whole rows before it are."""
+    from stabexp import api
+    from stabexp.train.files import read_run_table
+
+    (tmp_path / "metrics.csv").write_text("step,lr,loss\n1,0.001,3.1\n2,0.001,3.0\n3,0.001,2")
+    with caplog.at_level("WARNING", logger="stabexp"):
+        frame = read_run_table(tmp_path / "metrics.csv")
+    assert frame.step.tolist() == [1, 2] and frame.loss.tolist() == [3.1, 3.0]
+    assert "metrics.csv: its last row is cut short (9 bytes with no line end): left out" in caplog.text
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed"}))
+    assert api._csv(tmp_path / "metrics.csv").step.tolist() == [1, 2]  # what load_run reads
+    assert read_run_table(tmp_path / "absent.csv").empty

@@ -50,7 +50,7 @@ from stabexp.analysis import (  # noqa: F401  (re-exported: the fits the report 
 from stabexp.paths import outputs_dir
 from stabexp.plotting.collect import Tables, collect
 from stabexp.plotting.figures import preset_tables, read_collected
-from stabexp.train.files import read_json, summary_file_problem
+from stabexp.train.files import read_json, read_run_table, summary_file_problem
 
 PathLike = Union[str, Path]
 
@@ -131,7 +131,7 @@ def load_run(path: PathLike, root: Optional[PathLike] = None) -> Run:
 
 
 def _csv(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path) if path.is_file() and path.stat().st_size > 0 else pd.DataFrame()
+    return read_run_table(path)
 
 
 def _sweep_folder(path: Optional[PathLike]) -> Path:

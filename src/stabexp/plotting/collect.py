@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from stabexp.train.files import find_runs, read_summary, summary_file_problem
+from stabexp.train.files import find_runs, read_run_table, read_summary, summary_file_problem
 
 log = logging.getLogger("stabexp")
 
@@ -82,7 +82,7 @@ def collect(outputs: Path) -> Tables:
             path = folder / f"{name}.csv"
             if path.exists() and path.stat().st_size > 0:
                 try:
-                    frame = pd.read_csv(path)
+                    frame = read_run_table(path)
                 except (ValueError, pd.errors.ParserError) as err:  # not a CSV file (or not text)
                     log.warning("skipped %s: %s", path, str(err).splitlines()[0][:100])
                     continue

@@ -113,6 +113,25 @@ def read_csv_rows(path: Path):
         return list(csv.DictReader(f))
 
 
+def read_run_table(path: Path):
+    """A run's CSV file (metrics.csv, layers.csv, a probe's own) as a pandas frame of its rows up
+    to the last whole one; an empty frame where the file is missing or empty. A run killed in the
+    middle of a write can leave its last row cut short, with no line end: that row is left out
+    with a warning, never read as whole (a cut `3,0.001,2` would read step 3's loss as 2)."""
+    import logging
+
+    import pandas as pd
+
+    path = Path(path)
+    data = path.read_bytes() if path.is_file() else b""
+    if data and not data.endswith(b"\n"):
+        whole = data.rfind(b"\n") + 1
+        logging.getLogger("stabexp").warning("%s: its last row is cut short (%d bytes with no line end): left out",
+                                             path, len(data) - whole)
+        data = data[:whole]
+    return pd.read_csv(io.BytesIO(data)) if data else pd.DataFrame()
+
+
 def read_header(path: Path) -> Optional[List[str]]:
     """A CSV file's columns; None when it does not exist or is empty."""
     if not Path(path).exists():
