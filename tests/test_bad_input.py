@@ -24,6 +24,8 @@ from conftest import one_line_error
     (["-m", "group=postln,nope"], ["group=nope", "admin"]),
     (["-m", "depth=6,x"], ["depth=x"]),
     (["depth=6,18"], ["depth=6,18", "-m"]),
+    (["-m", "seed=range(0,3)", "seed=4,5"], ["seed is given twice", "seed=range(0,3)", "seed=4,5"]),
+    (["-m", "group=admin,deepnorm", "depth=6", "group=preln"], ["group is given twice", "group=admin,deepnorm", "group=preln"]),
     (["optim=sgdm", "optim.momentum=1.5"], ["optim.momentum=1.5", "[0, 1)"]),
     (["optim=lamb"], ["optim=lamb", "adamw", "sgdm"]),
     (["model=normmlp"], ["task=sort", "normmlp", "teacher"]),

@@ -39,6 +39,21 @@ def sweeps(overrides: List[str]) -> List[str]:
     return [o.input_line for o in parsed if o.is_sweep_override()]
 
 
+def _refuse_a_key_given_twice(parsed) -> None:
+    """Hydra keeps the last of two overrides of one key and drops the first without a word: a
+    plain value given again is replaced (what a script that appends to a command relies on), but
+    a sweep given first loses its values (`'seed=range(0,3)' seed=4,5` runs seeds 4 and 5 only),
+    so that is refused."""
+    first = {}
+    for o in parsed:
+        key = o.get_key_element()
+        before = first.get(key)
+        if before is not None and before.is_sweep_override():
+            raise ConfigError(f"{key} is given twice ({before.input_line} and {o.input_line}): give it once, with "
+                              f"every value it is to take (a sweep is one override: {key.lstrip('+~')}=a,b,c)")
+        first[key] = o
+
+
 class Cells(NamedTuple):
     multirun: bool           # -m, or a preset that sets hydra.mode=MULTIRUN
     hydra: DictConfig        # the hydra node a job runs under (the command's hydra.* overrides applied)
@@ -87,6 +102,7 @@ def sweep_cells(overrides: List[str], multirun: bool, config_dirs: List[Path] = 
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             parsed = parse(overrides)
+            _refuse_a_key_given_twice(parsed)
             # The command's own lines when nothing sweeps: Hydra names the run folder from them
             # (`x=true` stays `true`, where a parsed value would print as `True`).
             first = ([c[0] for c in _values_of(parsed, config_dirs)]
