@@ -52,8 +52,8 @@ def short(verdict: str) -> str:
 
 def before_and_after(judged) -> str:
     """Every verdict that moved since the recorded verdicts of BEFORE, or that a check stopped, a
-    seed moves or a rule revised on REVISED_ON: what it was, what it is, the rule's verdict alone
-    and what moved it; then what each check moved, from which verdict."""
+    seed moves, a rule revised on REVISED_ON or runs added since: what it was, what it is, the
+    rule's verdict alone and what moved it; then what each check moved, from which verdict."""
     before = json.loads(BEFORE.read_text())
     old = before["verdicts"]
     rows, moved_by = [], Counter()
@@ -64,6 +64,8 @@ def before_and_after(judged) -> str:
             causes.append("a new row")
         if REVISED_ON in c.revised:
             causes.append("rule revised (its entry under the verdict table)")
+        if c.id in old and before["runs"][c.id] != r.runs:
+            causes.append(f"{r.runs} runs read, {before['runs'][c.id]} before")
         causes += [f"{b.check.name}: not {'met' if b.met is False else 'measured'}" for b in r.blocking]
         if r.narrowly:
             causes.append(f"narrowly: {r.narrowly}")
@@ -88,7 +90,7 @@ def before_and_after(judged) -> str:
         f"{len(old)} claims, recorded in [data/{BEFORE.name}](data/{BEFORE.name}); after: the same command on the runs "
         f"recorded in data/, {len(judged)} claims; both on this project's 2-core CPU). \"The rule alone\" is what the claim's "
         "rule says before its checks, where a check stopped it; the old rules are in the history of "
-        "`src/stabexp/claims/`. Claims not listed kept their verdict, and no check stopped them.",
+        "`src/stabexp/claims/`. Claims not listed kept their verdict and read the same runs, and no check stopped them.",
         "",
         "| claim | before | after | the rule alone | what moved it |",
         "|---|---|---|---|---|",
