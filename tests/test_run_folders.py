@@ -68,6 +68,20 @@ def test_a_planted_checkpoint_is_refused_in_one_line_and_never_run(stopped_run, 
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.parametrize("data, words", [(b"", "is empty"), (bytes(range(256)) * 80, "is not a file stabexp wrote"),
+                                         (b"PK\x03\x04cut", "cannot be read")])
+def test_a_checkpoint_of_no_bytes_or_of_noise_is_one_line(stopped_run, data, words):
+    """An empty checkpoint.pt (a write cut short) or one of random bytes: one line naming the
+    file and saying what to do, never an IndexError from the refusal or the unpickler."""
+    cfg, out = stopped_run
+    (out / checkpoint.CHECKPOINT).write_bytes(data)
+    with pytest.raises(ConfigError) as refused:
+        trainer.train(cfg, out)
+    text = str(refused.value)
+    assert words in text and str(out / checkpoint.CHECKPOINT) in text and "overwrite=true" in text
+    assert "\n" not in text
+
+
 def test_planted_files_are_never_run_by_any_command(make_cfg, tmp_path, stabexp_main):
     """A sweep of a finished Admin run (with model.pt) and a stopped one (checkpoint.pt):
     the torch files planted, then every command that reads a run folder; then every file of

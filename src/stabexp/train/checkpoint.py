@@ -184,16 +184,23 @@ def _sharded_path(out_dir: Path) -> Optional[Path]:
 def read(path: Path) -> Dict:
     """A file of tensors and plain data that stabexp wrote (a checkpoint, model.pt): loaded
     with weights_only=True, and anything else refused in one line (ConfigError)."""
+    remedy = "delete it (a checkpoint: or run with overwrite=true)"
+    if Path(path).is_file() and Path(path).stat().st_size == 0:
+        raise ConfigError(f"{path} is empty (a write cut short?): it was not loaded; {remedy}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        found = re.search(r"(?:Unsupported global: GLOBAL|Unsupported operand|global) '?([\w.]+)", str(err))
+        operand = re.search(r"Unsupported operand \d+", str(err))
+        if operand:  # not a pickle stream at all: bytes no writer of stabexp's made
+            raise ConfigError(f"{path} is not a file stabexp wrote (its bytes are no pickle of tensors: "
+                              f"{operand.group(0).lower()}): it was not loaded; {remedy}") from None
+        found = re.search(r"(?:Unsupported global: GLOBAL|global) '?([\w.]+)", str(err))
         raise ConfigError(f"{path} holds objects other than tensors and plain data "
                           f"({found.group(1) if found else 'not a plain value'}), which no file stabexp writes "
-                          "does: it was not loaded; delete it (a checkpoint: or run with overwrite=true)") from None
+                          f"does: it was not loaded; {remedy}") from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ConfigError(f"{path} cannot be read ({str(err).splitlines()[0][:100]}): delete it (a checkpoint: "
-                          "or run with overwrite=true)") from None
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:100]
+        raise ConfigError(f"{path} cannot be read ({reason}): {remedy}") from None
 
 
 def load(out_dir: Path, cfg: DictConfig) -> Optional[Dict]:
