@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import TINY, cli_command, one_line_error
+from conftest import TINY, cli_command, fail_at_step, one_line_error
 from stabexp import plugins
 from stabexp.model.transformer import PLACEMENTS, Placement, Seq2SeqTransformer, TransformerConfig
 
@@ -379,15 +379,6 @@ def test_a_plugin_probe_adds_its_layers_column_to_the_header(make_cfg, tmp_path,
     assert rows.groupby("step").sublayer_index.apply(lambda s: s.tolist() == list(map(float, range(len(s))))).all()
     assert rows[rows.step > 0].grad_norm.notna().all()  # the built-in probes' cells beside it
 
-    real = trainer.Run.step
-
-    def stop_at_five(run, step):
-        if step == 5:
-            raise KeyboardInterrupt
-        return real(run, step)
-    monkeypatch.setattr(trainer.Run, "step", stop_at_five)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train(make_cfg(*overrides), tmp_path / "resumed")
-    monkeypatch.setattr(trainer.Run, "step", real)
+    fail_at_step(monkeypatch, make_cfg(*overrides), tmp_path / "resumed", 5)
     trainer.train(make_cfg(*overrides), tmp_path / "resumed")
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "resumed" / "layers.csv"), layers)

@@ -83,13 +83,18 @@ def _clinic(ev: Evidence):
     return _shape_verdict(fits)
 
 
+def _w2_slopes_per_seed(ev: Evidence):
+    """Per group, the per-seed log-log slope of the last decoder FFN's W_2 gradient at init against depth."""
+    return {g: log_slope_per_seed(ev.runs(recipe="grad_at_init", group=g), "depth", "w2_grad_last", log_y=True)
+            .set_index("seed").slope for g in ("postln", "preln")}
+
+
 def _w2_slopes(ev: Evidence):
     """Per seed, the log-log slope of the last decoder FFN's W_2 gradient at init against depth.
     Holds when the mean slope over seeds is within 0.15 of 0 for Post-LN and of −0.5 for Pre-LN and
     Pre-LN's slope is below Post-LN's in every seed; partly when only the order holds in every seed;
     otherwise it does not hold."""
-    slopes = {g: log_slope_per_seed(ev.runs(recipe="grad_at_init", group=g), "depth", "w2_grad_last", log_y=True)
-              .set_index("seed").slope for g in ("postln", "preln")}
+    slopes = _w2_slopes_per_seed(ev)
     order = every(compare(slopes["preln"], slopes["postln"], operator.lt))
     near = abs(mean(slopes["postln"])) <= 0.15 and abs(mean(slopes["preln"]) + 0.5) <= 0.15
     measured = f"slope Post-LN {over_seeds(slopes['postln'], 2)}, Pre-LN {over_seeds(slopes['preln'], 2)}"
@@ -100,8 +105,7 @@ W2_WINDOW = 0.15  # _w2_slopes' window around the paper's slopes
 
 
 def _w2_resolved(ev: Evidence):
-    slopes = {g: log_slope_per_seed(ev.runs(recipe="grad_at_init", group=g), "depth", "w2_grad_last", log_y=True).slope
-              for g in ("postln", "preln")}
+    slopes = _w2_slopes_per_seed(ev)
     error = {g: v.std(ddof=1) / len(v) ** 0.5 for g, v in slopes.items()}
     return (every(e <= W2_WINDOW / 2 for e in error.values()),
             ", ".join(f"{g} {error[g]:.3f} over {len(slopes[g])} seeds" for g in slopes))

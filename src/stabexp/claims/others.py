@@ -398,11 +398,12 @@ def _baseline_sensitive(recipe, group, settings):
                  "model a sensitivity near 0, and no model can be less sensitive)", reading, guards=regime.EVERY_VERDICT)
 
 
-def _smd_probe_tells(measure: str, limit: float, where: str, settings):
+def _smd_probe_tells(measure: str, tells, where: str, settings):
+    """A reading of `measure` over the smd runs of `settings`: met where tells(values) is."""
     def reading(ev: Evidence):
         runs = ev.runs(recipe="smd", depth=3, setting=settings)
         values = runs[measure].dropna() if measure in runs else runs.iloc[0:0]
-        return (None if values.empty else bool((values > limit).all() if measure == OTHER_COSINE else (values < limit).any())), (
+        return (None if values.empty else bool(tells(values))), (
             f"{where}: {values.min():.6g}-{values.max():.6g}" if len(values) else f"no {measure} recorded")
     return reading
 
@@ -442,7 +443,7 @@ CLAIMS = [
           checks=(Check("the probe tells", "the same probe sees a norm fall by more than float32 rounding (1e-5) between "
                         "probe steps in some SGDM or AdamW run without decay, whose updates are not orthogonal to the "
                         "weight: a probe that could not see a fall could not have failed",
-                        _smd_probe_tells("smd_norm_min_growth", 1 - 1e-5, "SGDM and AdamW's smallest growth",
+                        _smd_probe_tells("smd_norm_min_growth", lambda v: (v < 1 - 1e-5).any(), "SGDM and AdamW's smallest growth",
                                          [x for x in SMD_NO_DECAY if "optim=sgd " not in x + " "]), guards=(HOLDS,)),)),
     Claim(id="smd-orthogonal", source="Spherical motion dynamics (Wan et al. 2021 Property 1)",
           statement="A scale-invariant weight is orthogonal to its gradient",
@@ -454,7 +455,7 @@ CLAIMS = [
           checks=(Check("the probe tells", "the same probe reads the head's |cos(w, ∇L(w))| (a weight that is not "
                         "scale-invariant) above the rule's 1e-3 in every run: a probe that read every weight as "
                         "orthogonal could not have failed",
-                        _smd_probe_tells(OTHER_COSINE, 1e-3, "the head's |cos|", SMD_SETTINGS), guards=(HOLDS,)),)),
+                        _smd_probe_tells(OTHER_COSINE, lambda v: (v > 1e-3).all(), "the head's |cos|", SMD_SETTINGS), guards=(HOLDS,)),)),
     Claim(id="smd-grad-scale", source="Spherical motion dynamics (Wan et al. 2021 Property 2)",
           statement="Scaling a scale-invariant weight by k divides its gradient by k",
           paper="∇L(kw) = ∇L(w) / k", evidence="NormMLP on the teacher task at init (one init per seed, shared by its 12 settings), k = 2",
