@@ -204,6 +204,207 @@ def test_a_hugging_face_decoder_in_a_plain_loop(build, tmp_path, logit_recorder)
     assert last[last.sublayer == "self_attn"].max_attn_logit.tolist() == pytest.approx(logit_recorder, rel=1e-4)
 
 
+def _decoder(family: str, **options):
+    """A 2-layer decoder of a Hugging Face family, tiny, with the attention options named."""
+    import transformers as t
+
+    config, model = {"mistral": (t.MistralConfig, t.MistralForCausalLM), "stablelm": (t.StableLmConfig, t.StableLmForCausalLM),
+                     "glm": (t.GlmConfig, t.GlmForCausalLM), "gpt_bigcode": (t.GPTBigCodeConfig, t.GPTBigCodeForCausalLM),
+                     "gemma2": (t.Gemma2Config, t.Gemma2ForCausalLM), "gemma3": (t.Gemma3TextConfig, t.Gemma3ForCausalLM),
+                     "phi": (t.PhiConfig, t.PhiForCausalLM), "phi3": (t.Phi3Config, t.Phi3ForCausalLM),
+                     "falcon": (t.FalconConfig, t.FalconForCausalLM)}[family]
+    sizes = (dict(n_layer=2, n_embd=32, n_head=4, n_positions=32) if family == "gpt_bigcode" else
+             dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                  max_position_embeddings=32))
+    torch.manual_seed(0)
+    return model(config(**sizes, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0, **options))
+
+
+# Each family's attention options, and its blocks' children: (the attention's norm, the
+# attention with any norm on its output, the FFN's norm (None: the attention's, in parallel),
+# the FFN with any norm on its output).
+ATTENTION_OPTIONS = {
+    "mistral_sliding_window": (lambda: _decoder("mistral", num_key_value_heads=2, sliding_window=4),
+                               ("input_layernorm", ("self_attn",), "post_attention_layernorm", ("mlp",))),
+    "stablelm_partial_rotary": (lambda: _decoder("stablelm", num_key_value_heads=2, partial_rotary_factor=0.25),
+                                ("input_layernorm", ("self_attn",), "post_attention_layernorm", ("mlp",))),
+    "glm_partial_rotary": (lambda: _decoder("glm", num_key_value_heads=2, head_dim=8),
+                           ("input_layernorm", ("self_attn",), "post_attention_layernorm", ("mlp",))),
+    "gpt_bigcode_multi_query": (lambda: _decoder("gpt_bigcode", multi_query=True),
+                                ("ln_1", ("attn",), "ln_2", ("mlp",))),
+    "gpt_bigcode_multi_head": (lambda: _decoder("gpt_bigcode", multi_query=False),
+                               ("ln_1", ("attn",), "ln_2", ("mlp",))),
+    "gemma2_softcap_window": (lambda: _decoder("gemma2", num_key_value_heads=2, head_dim=8, sliding_window=4,
+                                               attn_logit_softcapping=0.02, query_pre_attn_scalar=32),
+                              ("input_layernorm", ("self_attn", "post_attention_layernorm"), "pre_feedforward_layernorm",
+                               ("mlp", "post_feedforward_layernorm"))),
+    "gemma3_qk_norm_window": (lambda: _decoder("gemma3", num_key_value_heads=2, head_dim=8, sliding_window=4),
+                              ("input_layernorm", ("self_attn", "post_attention_layernorm"), "pre_feedforward_layernorm",
+                               ("mlp", "post_feedforward_layernorm"))),
+    "phi_parallel_qk_layernorm": (lambda: _decoder("phi", qk_layernorm=True),
+                                  ("input_layernorm", ("self_attn",), None, ("mlp",))),
+    "phi3_fused_qkv": (lambda: _decoder("phi3", num_key_value_heads=2),
+                       ("input_layernorm", ("self_attn",), "post_attention_layernorm", ("mlp",))),
+    "falcon_alibi_parallel": (lambda: _decoder("falcon", alibi=True),
+                              ("input_layernorm", ("self_attention",), None, ("mlp",))),
+    "falcon_two_norms_grouped": (lambda: _decoder("falcon", new_decoder_architecture=True, num_kv_heads=2),
+                                 ("ln_attn", ("self_attention",), "ln_mlp", ("mlp",))),
+    # An encoder: bidirectional, local attention in every other layer; no norm on layer 1's stream.
+    "modernbert_local_window": (lambda: _modernbert(),
+                                ("attn_norm", ("attn",), "mlp_norm", ("mlp",))),
+}
+
+
+def _modernbert():
+    import transformers as t
+
+    torch.manual_seed(0)
+    return t.ModernBertForMaskedLM(t.ModernBertConfig(num_hidden_layers=3, hidden_size=32, intermediate_size=64,
+                                                      num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=32,
+                                                      pad_token_id=0, local_attention=4, global_attn_every_n_layers=2))
+
+
+class _SoftmaxInputs(list):
+    """The largest logit each attention's softmax sees in the model's own eager attention: the input
+    of each softmax over the keys of a (B, h, T, S) tensor, its masked entries (the dtype's minimum
+    added) left out. It reads neither q, k nor the attention function's arguments."""
+
+    def __enter__(self):
+        self.softmax = torch.nn.functional.softmax
+
+        def softmax(scores, dim=None, *args, **kwargs):
+            if scores.dim() == 4 and dim in (-1, 3):
+                kept = scores > torch.finfo(scores.dtype).min / 2
+                self.append(scores.masked_fill(~kept, float("-inf")).amax().item())
+            return self.softmax(scores, dim, *args, **kwargs)
+        torch.nn.functional.softmax = softmax
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.functional.softmax = self.softmax
+
+
+def _eager(model):
+    for module in model.modules():
+        if getattr(module, "config", None) is not None:
+            module.config._attn_implementation = "eager"
+
+
+@pytest.mark.parametrize("family", list(ATTENTION_OPTIONS))
+def test_a_decoder_s_attention_options_are_in_its_logits(family, tmp_path):
+    """Decoders whose attention options a recomputation of q.k from the weights would miss: a
+    sliding window narrower than the probe's sequences, partial rotary, multi-query and grouped
+    query, a softcap and Gemma's query_pre_attn_scalar, q / k norms, ALiBi, a fused qkv; the
+    layouts of Gemma's norms on the branches' outputs and of parallel branches from one norm;
+    ModernBERT, an encoder with local attention.
+    After 3 steps on a padded probe batch, each attention's largest logit equals the largest
+    input of the softmax in the model's own eager attention over the kept pairs; each
+    sublayer's gradient norm, from the parameters' own gradients, and each norm's input norm,
+    over the real tokens, equal their computation by hand."""
+    build, (attn_norm, attention, ffn_norm, ffn) = ATTENTION_OPTIONS[family]
+    model = build()
+    mask = torch.ones(3, T, dtype=torch.long)
+    mask[1, :5] = 0  # a left-padded probe sequence: its first keys are not real
+    probe = {"input_ids": _tokens(3, T, seed=1), "attention_mask": mask}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    monitor = Monitor(model, probe, tmp_path / family, optimizer=optimizer, steps=3)
+    blocks = list(getattr(model.base_model, "layers", None) or model.base_model.h)
+
+    def norm(names, block):
+        return math.sqrt(sum(p.grad.pow(2).sum().item() for n in names if n is not None
+                             for p in getattr(block, n).parameters()))
+    by_hand = []
+    for step in range(1, 4):
+        tokens = _tokens(4, T, seed=10 + step)
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        # One norm feeding both branches counts in the FFN's sublayer.
+        by_hand = [n for b in blocks for n in (norm((attn_norm if ffn_norm else None, *attention), b),
+                                               norm((ffn_norm or attn_norm, *ffn), b))]
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step()
+    assert monitor.close()["status"] == "completed"
+    rows = pd.read_csv(tmp_path / family / "layers.csv")
+    last = rows[rows.param.isna() & (rows.step == 3)]
+    assert last.grad_norm.tolist() == pytest.approx(by_hand, rel=1e-5)
+
+    real = mask.bool()
+    norms = []
+    # An Identity in a norm's place (ModernBERT's first layer) is no norm: its cell is empty.
+    hooks = [getattr(b, name).register_forward_pre_hook(
+        lambda m, args: norms.append(math.nan if isinstance(m, nn.Identity) else
+                                     args[0].norm(dim=-1)[real].mean().item()))
+        for b in blocks for name in (attn_norm, ffn_norm or attn_norm)]
+    _eager(model)
+    model.eval()
+    with torch.no_grad(), _SoftmaxInputs() as softmax_inputs:
+        model(**probe)
+    for h in hooks:
+        h.remove()
+    assert last.ln_input_norm.tolist() == pytest.approx(norms, rel=1e-5, nan_ok=True)
+    assert len(softmax_inputs) == len(blocks)
+    assert last[last.sublayer == "self_attn"].max_attn_logit.tolist() == pytest.approx(softmax_inputs, rel=1e-5)
+    assert last[last.sublayer == "ffn"].max_attn_logit.isna().all()
+
+
+def test_an_attention_that_adds_to_its_scores_what_its_arguments_do_not_say_is_left_empty(tmp_path, monkeypatch,
+                                                                                        caplog):
+    """A Llama whose eager attention adds a bias of its own to the scores (as an attention sink or a
+    bias folded in elsewhere would): the logits recorded from the call's arguments no longer
+    give the model's attention weights, so its max_attn_logit cells are empty and one line at
+    the start, kept in summary.json, says why; never a recomputed guess."""
+    from transformers.models.llama import modeling_llama
+
+    eager = modeling_llama.eager_attention_forward
+
+    def biased(module, query, key, value, attention_mask, **kwargs):
+        bias = torch.zeros(key.shape[-2])
+        bias[0] = 3.0  # every query leans on the first key
+        return eager(module, query, key, value,
+                     bias if attention_mask is None else attention_mask + bias, **kwargs)
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", biased)
+    model = _llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level("WARNING", logger="stabexp"):
+        monitor = Monitor(model, {"input_ids": _tokens(2, T, seed=1)}, tmp_path / "biased", optimizer=optimizer,
+                          steps=1)
+        _train_lm(model, optimizer, monitor, [_tokens(2, T)])
+    summary = monitor.close()
+    rows = pd.read_csv(tmp_path / "biased" / "layers.csv")
+    assert rows[rows.param.isna()].max_attn_logit.isna().all()
+    lines = [r.getMessage() for r in caplog.records if "max_attn_logit is empty" in r.getMessage()]
+    assert len(lines) == 1 and "LlamaAttention" in lines[0] and "differs from its attention weights" in lines[0]
+    assert "LlamaAttention" in summary["unobserved_attention"]
+
+
+def test_a_model_whose_attention_is_not_observable_leaves_the_column_empty_and_says_why(tmp_path, caplog):
+    """DeBERTa-v2 (disentangled relative attention, computed outside transformers' attention
+    interface): every other column is written, max_attn_logit is empty, and one line says why."""
+    import transformers as t
+
+    torch.manual_seed(0)
+    model = t.DebertaV2ForMaskedLM(t.DebertaV2Config(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                                                     intermediate_size=64, vocab_size=VOCAB,
+                                                     max_position_embeddings=T, pad_token_id=0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level("WARNING", logger="stabexp"):
+        monitor = Monitor(model, {"input_ids": _tokens(2, T, seed=1)}, tmp_path / "deberta", optimizer=optimizer,
+                          steps=2)
+        for tokens in (_tokens(2, T), _tokens(2, T, seed=3)):
+            model(input_ids=tokens, labels=tokens).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            monitor.step()
+    assert monitor.close()["status"] == "completed"
+    rows = pd.read_csv(tmp_path / "deberta" / "layers.csv")
+    sublayers = rows[rows.param.isna()]
+    assert len(sublayers[sublayers.step == 2]) == 4
+    assert sublayers.max_attn_logit.isna().all() and sublayers[sublayers.step > 0].grad_norm.notna().all()
+    assert sublayers.ln_input_norm.notna().all()
+    lines = [r.getMessage() for r in caplog.records if "max_attn_logit is empty" in r.getMessage()]
+    assert len(lines) == 1 and "attention interface" in lines[0]
+
+
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_a_bert_encoder_in_a_plain_loop(family, tmp_path):
     """10 masked-LM steps of a 2-layer BERT (RoBERTa; Post-LN, not causal) with a padded probe
@@ -1024,6 +1225,36 @@ def test_a_monitor_refuses_bad_arguments_in_one_line(tmp_path):
     assert monitor.close()["steps_done"] == 1  # a second close writes nothing more
     with pytest.raises(RuntimeError, match="after monitor.close"):
         monitor.step(0.4)
+
+
+def test_a_monitor_whose_start_fails_leaves_no_run_behind(tmp_path):
+    """A start that fails after the folder is taken (a probe batch the model cannot take) leaves
+    no summary.json reading "running" and no header-only CSVs: the folder it made is gone, one
+    that was there keeps only what it held, and the next try with a good batch starts. A model,
+    an optimiser or a describe of the wrong type is refused in one line before any folder."""
+    from stabexp.errors import ConfigError
+
+    model = _gpt2(1)
+    with pytest.raises(Exception):
+        Monitor(model, "not a batch", tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    with pytest.raises(Exception):
+        Monitor(model, {"input_ids": "not ids"}, kept)
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+    Monitor(model, _tokens(2, T), kept, steps=1).close()
+    assert (kept / "summary.json").exists()
+    cases = [(("notamodel", _tokens(2, T)), {}, "model='notamodel' is not allowed: a torch.nn.Module"),
+             ((model, _tokens(2, T)), {"optimizer": "adam"}, "optimizer='adam' is not allowed"),
+             ((model, _tokens(2, T)), {"describe": {"depth": "two"}},
+              "describe={'depth': 'two'} is not allowed: summary.json's 'depth' is an int")]
+    for args, options, words in cases:
+        with pytest.raises(ConfigError, match=re.escape(words)) as refused:
+            Monitor(*args, tmp_path / "refused", **options)
+        assert "\n" not in str(refused.value)
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_module_holding_its_network_as_an_attribute_is_monitored_through_it(tmp_path):

@@ -27,7 +27,9 @@ monitor as a Lightning callback and a Hugging Face Trainer callback.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Union
@@ -45,7 +47,7 @@ from stabexp.probes.adapters import Adapter, StabexpAdapter, adapter_for
 from stabexp.probes.base import PROBE_BATCH, REFERENCE, STABEXP_MODEL, SUBLAYERS, ProbeContext, ProbeSet
 from stabexp.probes.layers import SublayerStats
 from stabexp.tracking import Trackers
-from stabexp.train.files import SUMMARY, RunLock, RunLocked, write_json
+from stabexp.train.files import SUMMARY, SUMMARY_TYPES, RunLock, RunLocked, write_json
 from stabexp.train.folder import RUN_FILES, clear
 from stabexp.train.recording import Recorder, eval_results
 
@@ -53,6 +55,7 @@ from stabexp.train.recording import Recorder, eval_results
 FLAGS = {"layers": "enabled", "weights": "weights", "at_init": "at_init", "update_bound": "update_bound",
          "dependency": "dependency", "layer_importance": "layer_importance"}
 LOGGERS = {"tensorboard": TensorBoardLogger, "mlflow": MlflowLogger, "wandb": WandbLogger}
+log = logging.getLogger("stabexp")
 
 
 def optimiser_name(optimizer: Optional[torch.optim.Optimizer]) -> str:
@@ -147,6 +150,12 @@ class Monitor:
             raise ConfigError(f"eval_every={eval_every!r} is not allowed: an integer >= 1")
         if steps is not None and (not isinstance(steps, int) or steps < 1):
             raise ConfigError(f"steps={steps!r} is not allowed: an integer >= 1, or None")
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model={_short(model)} is not allowed: a torch.nn.Module")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"optimizer={_short(optimizer)} is not allowed: a torch.optim.Optimizer (the one the "
+                              "loop steps), or None")
+        _check_describe(describe)
         if next(model.parameters(), None) is None:
             raise ConfigError(f"{type(model).__name__} has no parameters: the monitor measures a model's "
                               "parameters, their gradients and updates")
@@ -165,11 +174,20 @@ class Monitor:
                 probe.check(self.cfg)
         # Everything checked: the folder is taken (and, with overwrite, its run's files removed).
         self.out_dir = Path(out_dir)
+        made = not self.out_dir.exists()
         self.lock = _take_folder(self.out_dir, overwrite)
         try:
             self._start(classes, model, probe_batch, optimizer, describe, steps, task, hook_optimizer)
         except BaseException:
+            # A start that fails (a probe batch the model cannot take, say) leaves no run behind:
+            # no summary.json reading "running", no header-only CSVs to refuse the next try.
+            for opened in (getattr(self, "recorder", None), getattr(self, "trackers", None)):
+                if opened is not None:
+                    opened.close()
+            clear(self.out_dir)
             self.lock.release()
+            if made:
+                shutil.rmtree(self.out_dir, ignore_errors=True)
             raise
 
     def _start(self, classes, model, probe_batch, optimizer, describe, steps, task, hook_optimizer) -> None:
@@ -197,6 +215,7 @@ class Monitor:
         was_training = model.training
         self._write(0, None, None, self.probes.start())
         model.train(was_training)
+        self._say_which_attention_is_unobserved()
         # grad_norm is the gradient as the backward pass left it, before any clipping of the
         # loop's, as `stabexp run` reads it: kept by hooks, at the steps to probe only.
         self.gradient_watch = [p.layer_probe for p in self.probes if isinstance(p, SublayerStats)]
@@ -208,6 +227,16 @@ class Monitor:
         # optimizer.step, after its pre-hook: its callback calls before_step itself.
         self.handle = optimizer.register_step_pre_hook(lambda opt, args, kwargs: self.before_step()) \
             if optimizer is not None and hook_optimizer else None
+
+    def _say_which_attention_is_unobserved(self) -> None:
+        """After the first probe pass: where some attention logits cannot be read from the attention
+        the model runs, max_attn_logit is empty there; one line says why, and summary.json keeps it."""
+        unobserved = getattr(self.adapter, "unobserved_attention", lambda: None)()
+        if unobserved:
+            log.warning("max_attn_logit is empty where the attention is not observed: %s (docs/probes.md, "
+                        "'Attention logits')", unobserved)
+            self.summary["unobserved_attention"] = unobserved
+            write_json(self.out_dir / SUMMARY, self.summary)
 
     def is_eval_step(self, step: int) -> bool:
         return self.evaluate is not None and (step % self.eval_every == 0 or step == self.steps)
@@ -295,6 +324,27 @@ class Monitor:
         self.trackers.finish(self.summary, self.out_dir)
         self.recorder.close()
         return self.summary
+
+
+def _short(value) -> str:
+    """A value as an error line names it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_describe(describe) -> None:
+    """`describe` is a mapping of summary.json's fields; one whose type a run's summary does not
+    have there ({"depth": "two"}) would make the folder read as unreadable: refused in one line."""
+    if describe is None:
+        return
+    if not isinstance(describe, dict):
+        raise ConfigError(f"describe={_short(describe)} is not allowed: a dict of summary.json's fields")
+    for key, value in describe.items():
+        kind = SUMMARY_TYPES.get(key)
+        if kind is not None and value is not None and (not isinstance(value, kind) or
+                                                       (kind is int and isinstance(value, bool))):
+            raise ConfigError(f"describe={{{key!r}: {_short(value)}}} is not allowed: summary.json's {key!r} is "
+                              f"a{'n' * (kind is int)} {kind.__name__}")
 
 
 def _take_folder(out_dir: Path, overwrite: bool) -> RunLock:

@@ -8,12 +8,15 @@ attention logits) and runs the probe pass: the model in eval mode on the probe b
 F(x, theta), the final hidden state before the output projection, and the logits. Seven come
 with stabexp: `StabexpAdapter` (its own models, exact to the trainer's numbers),
 `TorchTransformerAdapter` (a model built on torch.nn.Transformer or its encoder / decoder),
-`HFDecoderAdapter` (Hugging Face transformers' GPT-2, GPT-NeoX, GPT-J and Llama-style decoders),
-`HFOPTAdapter` (OPT, Pre-LN or Post-LN), `HFEncoderAdapter` (BERT-style encoders),
-`HFSeq2SeqAdapter` (BART and Marian) and `HFT5Adapter` (T5 and mT5). `adapter_for` picks one;
-any other model is a subclass of `Adapter` with `sublayers` and `probe_pass`. All but the first
-recompute each attention's logits from its inputs; HFDecoderAdapter's leave no padded key out:
-its probe batch is unpadded (docs/probes.md).
+`HFDecoderAdapter` (Hugging Face transformers' decoders of the layouts in `DECODER_LAYOUTS`:
+GPT-2, GPT-BigCode, GPT-NeoX, GPT-J, Llama and its kin, Gemma 2 / 3, Phi, Falcon), `HFOPTAdapter`
+(OPT, Pre-LN or Post-LN), `HFEncoderAdapter` (BERT-style encoders), `HFSeq2SeqAdapter` (BART and
+Marian) and `HFT5Adapter` (T5 and mT5). `adapter_for` picks one; any other model is a subclass of
+`Adapter` with `sublayers` and `probe_pass`. The attention logits are read where the model
+computes them: stabexp's own attention's `scores`, the masks nn.MultiheadAttention is called
+with, and for the Hugging Face models the attention function they call
+(`stabexp.probes.observed_attention`), so that every option the model applies to its scores is
+in the number.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch.nn as nn
 from stabexp.distributed import is_sharded
 from stabexp.model.transformer import attention_logits, explicit_attention
 from stabexp.modes import eval_mode
-from stabexp.probes.statistics import max_attention_logit
+from stabexp.probes.observed_attention import ObservedAttention
 
 # A forward hook (module, "pre" | "post" | "pre_kwargs", fn): "pre" fn(module, args); "post"
 # fn(module, args, output); "pre_kwargs" fn(module, args, kwargs), for a module whose inputs
@@ -233,15 +236,27 @@ class TorchTransformerAdapter(Adapter):
 
 class _HFAdapter(Adapter):
     """What the Hugging Face adapters share: the batch is a dict of the model's inputs (or the
-    input ids), each stack's real tokens are the batch's mask of it (`MASKS`), kept in `keep`
-    during the probe pass for the attention-logit hooks, and the probe pass is the model's
-    forward in eval mode with its hidden states."""
+    input ids), each stack's real tokens are the batch's mask of it (`MASKS`), the probe pass is
+    the model's forward in eval mode with its hidden states, and each attention's largest logit
+    is observed in the attention function the model calls (`observed_attention`): the probe
+    pass runs the model's own eager attention, through which the logits pass."""
 
     MASKS: Dict[str, str] = {"decoder": "attention_mask"}  # stack -> the batch's key of its real tokens
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
-        self.keep: Dict[str, Optional[torch.Tensor]] = {}  # each stack's real tokens, during the probe pass
+        self.observed = ObservedAttention(model)
+
+    def attention_hook(self, attention: nn.Module) -> Optional[Hook]:
+        """The hook that reads `attention`'s largest logit; None where the model's attention cannot
+        be observed (the column is empty: `unobserved_attention`)."""
+        return None if self.observed.why_not is not None else (attention, "post", self.observed.largest(attention))
+
+    def unobserved_attention(self) -> Optional[str]:
+        """Why some attention logits are empty, in one phrase; None while every attention is observed."""
+        if self.observed.why_not is not None:
+            return self.observed.why_not
+        return "; ".join(f"{name}: {why}" for name, why in self.observed.unobserved.items()) or None
 
     def inputs(self, batch) -> Dict[str, Any]:
         return batch if isinstance(batch, dict) else {"input_ids": batch}
@@ -252,12 +267,8 @@ class _HFAdapter(Adapter):
 
     def probe_pass(self, batch):
         inputs = self.inputs(batch)
-        self.keep = self.token_masks(batch)
-        try:
-            with eval_mode(self.model):
-                output = self.model(**inputs, output_hidden_states=True)
-        finally:
-            self.keep = {}
+        with eval_mode(self.model), self.observed.observing():
+            output = self.model(**inputs, output_hidden_states=True)
         return self.features(output), _logits_of(output)
 
     def token_masks(self, batch):
@@ -289,124 +300,88 @@ class _HFEncoderDecoder(_HFAdapter):
         return output.decoder_hidden_states[-1]
 
 
+# The decoder layouts HFDecoderAdapter knows, by the names of a block's children: (the
+# attention's norm, the attention, the FFN's norm (None: one norm feeds both branches in
+# parallel), the FFN, the norms on the branches' outputs (the attention's, the FFN's) or None).
+# The first layout whose every name is in every block is the model's, so a layout whose names
+# hold another's comes before it.
+DECODER_LAYOUTS: Dict[str, Tuple[str, str, Optional[str], str, Optional[Tuple[str, str]]]] = {
+    # Gemma 2 / 3: a norm before and after each branch ("sandwich"); the stream is the first's input.
+    "gemma": ("input_layernorm", "self_attn", "pre_feedforward_layernorm", "mlp",
+              ("post_attention_layernorm", "post_feedforward_layernorm")),
+    # Llama, Mistral, Mixtral, Qwen2 / 3, StableLM, Phi-3, GLM, Granite and the like.
+    "llama": ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp", None),
+    # GPT-2 and GPT-BigCode (StarCoder).
+    "gpt2": ("ln_1", "attn", "ln_2", "mlp", None),
+    # GPT-NeoX (Pythia), its two branches in turn or in parallel, each from its own norm.
+    "gpt_neox": ("input_layernorm", "attention", "post_attention_layernorm", "mlp", None),
+    # Falcon with new_decoder_architecture: two norms, both branches in parallel from the stream.
+    "falcon_two_norms": ("ln_attn", "self_attention", "ln_mlp", "mlp", None),
+    # Falcon without parallel_attn: the branches in turn.
+    "falcon": ("input_layernorm", "self_attention", "post_attention_layernorm", "mlp", None),
+    # One norm feeding both branches in parallel: GPT-J; Phi, Cohere, StableLM with
+    # use_parallel_residual; Falcon's default.
+    "gptj": ("ln_1", "attn", None, "mlp", None),
+    "phi": ("input_layernorm", "self_attn", None, "mlp", None),
+    "falcon_parallel": ("input_layernorm", "self_attention", None, "mlp", None),
+    # ModernBERT, an encoder: its first layer's attn_norm is an Identity (no norm on the stream).
+    "modernbert": ("attn_norm", "attn", "mlp_norm", "mlp", None),
+}
+ENCODER_LAYOUTS = ("modernbert",)  # the layouts of encoders: their one stack is "encoder"
+
+
 class HFDecoderAdapter(_HFAdapter):
-    """A Hugging Face transformers decoder-only model (built from a config or loaded): GPT-2
-    (`transformer.h[i]`: ln_1, attn, ln_2, mlp), GPT-NeoX (Pythia; `gpt_neox.layers[i]`:
-    input_layernorm, attention, post_attention_layernorm, mlp, the two branches in parallel or
-    in turn; q, k from query_key_value with the partial rotary embedding), GPT-J
-    (`transformer.h[i]`: ln_1 feeding attn and mlp in parallel; its weights counted in the FFN's
-    sublayer) and the Llama layout (`model.layers[i]`:
-    input_layernorm, self_attn, post_attention_layernorm, mlp; q and k are q_proj, k_proj and
-    the rotary embedding, as in Mistral and Qwen2; Qwen3's q_norm and k_norm on each head before
-    the rotation). Both are Pre-LN: the stream
-    entering a sublayer is its norm's input. F(x, theta) is the last hidden state (after the
-    final norm); the logits, the model's. The attention logits are recomputed from the
-    sublayer's own input in the probe pass: GPT-2's q, k from c_attn (with its scale and
-    scale_attn_by_inverse_layer_idx); Llama's from q_proj, k_proj with the rotary embedding the
-    layer is given, the key heads repeated for grouped-query attention. The batch is a dict of
-    the model's inputs (input_ids, attention_mask) or the input ids."""
+    """A Hugging Face transformers model of one stack (built from a config or loaded) whose
+    blocks (`base_model.h` or `base_model.layers`) are laid out as one of `DECODER_LAYOUTS`:
+    the decoders GPT-2, GPT-BigCode, GPT-NeoX, GPT-J, Llama and the families of its layout,
+    Gemma 2 / 3, Phi, Falcon, and the encoder ModernBERT (`ENCODER_LAYOUTS`: its stack is
+    "encoder"; an Identity in a norm's place is no norm). Each layout is Pre-LN: the stream entering a sublayer is its norm's input;
+    where one norm feeds both branches in parallel its weights count in the FFN's sublayer, and
+    a norm on a branch's output (Gemma's) counts in that branch's. F(x, theta) is the last hidden
+    state (after the final norm); the logits, the model's. The attention logits are the model's
+    own, observed in its attention function (`observed_attention`). The batch is a dict of the
+    model's inputs (input_ids, attention_mask) or the input ids."""
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
         base = getattr(model, "base_model", model)
         blocks = list(getattr(base, "h", None) or getattr(base, "layers", None) or [])
-        layouts = {"gpt2": ("ln_1", "attn.c_attn", "ln_2", "mlp"),
-                   "llama": ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "post_attention_layernorm", "mlp"),
-                   "gpt_neox": ("input_layernorm", "attention.query_key_value", "post_attention_layernorm", "mlp"),
-                   "gptj": ("ln_1", "attn.q_proj", "attn.k_proj", "mlp")}
-        self.kind = next((kind for kind, parts in layouts.items() if blocks and all(
-            _has(block, part) for block in blocks for part in parts)), None)
+        self.kind = next((kind for kind, parts in DECODER_LAYOUTS.items() if blocks and all(
+            _has(block, part) for block in blocks for part in _names(parts))), None)
         self.blocks = blocks
-        what = f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
+        self.stack = "encoder" if self.kind in ENCODER_LAYOUTS else "decoder"
+        self.MASKS = {self.stack: "attention_mask"}
         if self.kind is None:
-            raise TypeError(f"{what} is laid out as none of the Hugging Face families the adapters know (GPT-2, "
-                            "Llama, GPT-NeoX, GPT-J, OPT, BERT, BART, Marian, T5; docs/probes.md, 'Adapters'): write "
-                            "a stabexp.probes.adapters.Adapter for it and pass adapter=")
-        if self.kind == "llama" and any(hasattr(blocks[0], n) for n in ("pre_feedforward_layernorm",
-                                                                        "post_feedforward_layernorm")):
-            raise TypeError(f"{what} normalises each branch's output too (Gemma's layout), so its norms are not "
-                            "the streams' the Llama layout reads: write a stabexp.probes.adapters.Adapter for it "
-                            "and pass adapter= (docs/probes.md, 'Adapters')")
-        q_norm = getattr(blocks[0].self_attn, "q_norm", None) if self.kind == "llama" else None
-        if q_norm is not None and getattr(q_norm, "weight", torch.empty(0)).shape[-1:] != (blocks[0].self_attn.head_dim,):
-            raise TypeError(f"{what} normalises q and k otherwise than per head (Qwen3's), which the attention logits "
-                            "here would get wrong: write a stabexp.probes.adapters.Adapter for it and pass adapter= "
-                            "(docs/probes.md, 'Adapters')")
+            what = f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
+            raise TypeError(f"{what} is laid out as none of the Hugging Face families the adapters know (the "
+                            "decoder layouts of stabexp.probes.adapters.DECODER_LAYOUTS, OPT, BERT, BART, Marian, T5; "
+                            "docs/probes.md, 'Adapters'): write a stabexp.probes.adapters.Adapter for it and pass "
+                            "adapter=")
 
     def sublayers(self) -> List[Sublayer]:
+        attn_norm, attn_name, ffn_norm, ffn_name, outputs = DECODER_LAYOUTS[self.kind]
         found = []
         for i, block in enumerate(self.blocks, start=1):
-            if self.kind == "gpt2":
-                parts = [("self_attn", block.ln_1, block.attn, (block.attn.c_attn, "post", self._gpt2_logits(block.attn))),
-                         ("ffn", block.ln_2, block.mlp, None)]
-            elif self.kind == "llama":
-                parts = [("self_attn", block.input_layernorm, block.self_attn,
-                          (block.self_attn, "pre_kwargs", self._llama_logits)),
-                         ("ffn", block.post_attention_layernorm, block.mlp, None)]
-            elif self.kind == "gptj":  # both branches in parallel from one norm, whose weights count in the last
-                parts = [("self_attn", block.ln_1, block.attn, (block.attn, "pre_kwargs", self._gptj_logits)),
-                         ("ffn", block.ln_1, block.mlp, None)]
-                for name, norm, branch, attention in parts:
-                    found.append(Sublayer("decoder", i, name, [*(norm.parameters() if name == "ffn" else ()),
-                                                               *branch.parameters()], (norm, "pre"), norm, attention))
-                continue
-            else:  # GPT-NeoX: parallel or not, each branch's norm takes the stream that enters it
-                parts = [("self_attn", block.input_layernorm, block.attention,
-                          (block.attention, "pre_kwargs", self._neox_logits)),
-                         ("ffn", block.post_attention_layernorm, block.mlp, None)]
-            for name, norm, branch, attention in parts:
-                found.append(Sublayer("decoder", i, name, [*norm.parameters(), *branch.parameters()], (norm, "pre"),
-                                      norm, attention))
+            attention, ffn = getattr(block, attn_name), getattr(block, ffn_name)
+            norms = tuple(None if isinstance(n, nn.Identity) else n
+                          for n in (getattr(block, attn_norm), getattr(block, ffn_norm or attn_norm)))
+            streams = (getattr(block, attn_norm), getattr(block, ffn_norm or attn_norm))
+            after = [getattr(block, name) for name in outputs] if outputs else [None, None]
+            # One norm for both branches: its weights once, in the FFN's sublayer.
+            own_norms = (None, norms[1]) if ffn_norm is None else norms
+            for name, stream, norm, branch, own, out in zip(("self_attn", "ffn"), streams, norms, (attention, ffn),
+                                                            own_norms, after):
+                params = [*(own.parameters() if own is not None else ()), *branch.parameters(),
+                          *(out.parameters() if out is not None else ())]
+                found.append(Sublayer(self.stack, i, name, params, (stream, "pre"), norm,
+                                      self.attention_hook(attention) if name == "self_attn" else None))
         return found
 
-    @staticmethod
-    def _gpt2_logits(attn) -> Callable:
-        def logits(module, args, qkv):
-            q, k, _ = qkv.split(attn.split_size, dim=2)
-            q, k = (t.unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2) for t in (q, k))
-            scale = attn.head_dim ** -0.5 if attn.scale_attn_weights else 1.0
-            if getattr(attn, "scale_attn_by_inverse_layer_idx", False):
-                scale /= float(attn.layer_idx + 1)
-            return max_attention_logit(q, k, True, scale=getattr(attn, "scaling", scale))
-        return logits
 
-    @staticmethod
-    def _llama_logits(attn, args, kwargs):
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        hidden = args[0] if args else kwargs["hidden_states"]
-        shape = (*hidden.shape[:-1], -1, attn.head_dim)
-        q, k = attn.q_proj(hidden).view(shape), attn.k_proj(hidden).view(shape)
-        if getattr(attn, "q_norm", None) is not None:  # Qwen3: q and k normalised per head, before the rotation
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        cos, sin = kwargs["position_embeddings"]
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        return max_attention_logit(q, k, True, scale=attn.scaling)
-
-    @staticmethod
-    def _gptj_logits(attn, args, kwargs):
-        from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
-
-        hidden = args[0] if args else kwargs["hidden_states"]
-        sin, cos = args[1] if len(args) > 1 else kwargs["position_embeddings"]
-        shape = (*hidden.shape[:-1], -1, attn.head_dim)
-        rotary = attn.rotary_dim or attn.head_dim  # GPT-J rotates the first rotary_dim of each head
-        q, k = ((lambda t: torch.cat([apply_rotary_pos_emb(t[..., :rotary], sin, cos), t[..., rotary:]], dim=-1))(
-            proj(hidden).view(shape)).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj))
-        return max_attention_logit(q, k, True, scale=attn.scaling)
-
-    @staticmethod
-    def _neox_logits(attn, args, kwargs):
-        from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
-
-        hidden = args[0] if args else kwargs["hidden_states"]
-        qkv = attn.query_key_value(hidden).view(*hidden.shape[:-1], -1, 3 * attn.head_size).transpose(1, 2)
-        q, k, _ = qkv.chunk(3, dim=-1)
-        cos, sin = kwargs["position_embeddings"]
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # on the first rotary_ndims of each head
-        return max_attention_logit(q, k, True, scale=attn.scaling)
+def _names(layout) -> List[str]:
+    """The child names a decoder layout asks of a block."""
+    attn_norm, attn, ffn_norm, ffn, outputs = layout
+    return [n for n in (attn_norm, attn, ffn_norm, ffn) if n is not None] + list(outputs or ())
 
 
 class HFOPTAdapter(_HFAdapter):
@@ -422,9 +397,8 @@ class HFOPTAdapter(_HFAdapter):
     lm_head's input: after the decoder's final_layer_norm (Pre-LN) and after `project_out` where
     the model has one (word_embed_proj_dim != hidden_size, as OPT-350m: F is then
     word_embed_proj_dim wide, the projection of the top layer's output); the logits, the
-    model's. The attention logits are recomputed from the sublayer's own input, q_proj of it
-    times the attention's `scaling` (1 / sqrt(d_h)) against k_proj of it, over the causal pairs
-    whose key is a real token (the batch's attention_mask). The batch is a dict of the model's
+    model's. The attention logits are the model's own, observed in its attention over the
+    causal pairs whose key is a real token. The batch is a dict of the model's
     inputs (input_ids, attention_mask) or the input ids."""
 
     LAYOUT = ("self_attn.q_proj", "self_attn.k_proj", "self_attn_layer_norm", "fc1", "fc2", "final_layer_norm")
@@ -448,59 +422,37 @@ class HFOPTAdapter(_HFAdapter):
             streams = ([(attn_norm, "pre"), (ffn_norm, "pre")] if self.pre_ln
                        else [(layer, "pre"), (attn_norm, "post")])
             found.append(Sublayer("decoder", i, "self_attn", [*attn.parameters(), *attn_norm.parameters()], streams[0],
-                                  attn_norm, (attn, "pre_kwargs", self._logits)))
+                                  attn_norm, self.attention_hook(attn)))
             found.append(Sublayer("decoder", i, "ffn", ffn, streams[1], ffn_norm))
         return found
 
-    def _logits(self, attn, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        shape = (*hidden.shape[:-1], -1, attn.head_dim)
-        q = (attn.q_proj(hidden) * attn.scaling).view(shape).transpose(1, 2)  # scaled as the model scales it
-        k = attn.k_proj(hidden).view(shape).transpose(1, 2)
-        return _allowed(q @ k.transpose(-1, -2), True, self.keep.get("decoder")).amax()
-
-
 class HFEncoderAdapter(_HFAdapter):
-    """A Hugging Face transformers encoder-only model laid out as BERT (BERT, RoBERTa and their
-    heads; `encoder.layer[i]`: attention.self (query, key, value), attention.output (dense,
+    """A Hugging Face transformers encoder-only model laid out as BERT (BERT, RoBERTa, DeBERTa-v2
+    and their heads; `encoder.layer[i]`: attention.self, attention.output (dense,
     LayerNorm), intermediate, output (dense, LayerNorm)). Post-LN: the stream entering the
     self-attention is the layer's input and the one entering the FFN the attention's LayerNorm
     output; each LayerNorm takes x + G(x). F(x, theta) is the last hidden state (the top layer's
-    LayerNorm output); the logits, the head's. The attention logits are recomputed from the
-    sublayer's own input, query and key scaled by 1 / sqrt(d_h), over every pair of real tokens
-    (the batch's attention_mask says which are real; the causal pairs of a BERT built as a decoder). The batch is a dict of the
+    LayerNorm output); the logits, the head's. The attention logits are the model's own,
+    observed in its attention over every pair of real tokens (the causal pairs of a BERT built as
+    a decoder). The batch is a dict of the
     model's inputs (input_ids, attention_mask) or the input ids."""
 
-    LAYOUT = ("attention.self.query", "attention.self.key", "attention.output.LayerNorm", "intermediate.dense",
-              "output.dense", "output.LayerNorm")
+    LAYOUT = ("attention.self", "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm")
     MASKS = {"encoder": "attention_mask"}
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.layers = list(_encoder_layers(model))
-        if getattr(model.config, "position_embedding_type", "absolute") != "absolute":
-            raise TypeError(f"{type(model).__name__} adds relative positions to its attention scores, which the "
-                            "logits here would leave out: write a stabexp.probes.adapters.Adapter for it and pass "
-                            "adapter= (docs/probes.md, 'Adapters')")
 
     def sublayers(self) -> List[Sublayer]:
         found = []
         for i, layer in enumerate(self.layers, start=1):
             attention, attention_norm = layer.attention, layer.attention.output.LayerNorm
             found.append(Sublayer("encoder", i, "self_attn", list(attention.parameters()), (layer, "pre"),
-                                  attention_norm, (attention.self, "pre_kwargs", self._logits)))
+                                  attention_norm, self.attention_hook(attention.self)))
             found.append(Sublayer("encoder", i, "ffn", [*layer.intermediate.parameters(), *layer.output.parameters()],
                                   (attention_norm, "post"), layer.output.LayerNorm))
         return found
-
-    def _logits(self, attn, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        shape = (*hidden.shape[:-1], -1, attn.attention_head_size)
-        q, k = (proj(hidden).view(shape).transpose(1, 2) for proj in (attn.query, attn.key))
-        # Causal in BertLMHeadModel, RobertaForCausalLM (is_decoder).
-        return _allowed(q @ k.transpose(-1, -2) * attn.scaling, getattr(attn, "is_causal", False),
-                        self.keep.get("encoder")).amax()
-
 
 class HFSeq2SeqAdapter(_HFEncoderDecoder):
     """A Hugging Face transformers encoder-decoder laid out as BART and Marian (the fairseq
@@ -509,10 +461,8 @@ class HFSeq2SeqAdapter(_HFEncoderDecoder):
     encoder_attn and encoder_attn_layer_norm between). Post-LN: the stream entering a sublayer is
     the previous LayerNorm's output (the layer's input for the first), and each LayerNorm takes
     x + G(x). F(x, theta) is the decoder's last hidden state; the logits, the model's. The
-    attention logits are recomputed from each sublayer's inputs (q_proj of its input, k_proj of
-    the same or of the encoder's output), scaled as the model scales them, over the pairs the
-    batch's masks keep: every real encoder token as a key, and in the decoder's self-attention
-    the causal pairs of real tokens. The batch is a dict of the model's inputs (input_ids,
+    attention logits are the model's own, observed in its attention over the pairs its masks
+    keep. The batch is a dict of the model's inputs (input_ids,
     attention_mask, decoder_input_ids, decoder_attention_mask)."""
 
     KINDS = ("bart", "marian")  # Post-LN; mBART's and Pegasus's layers, the same names in Pre-LN order, are not
@@ -528,27 +478,17 @@ class HFSeq2SeqAdapter(_HFEncoderDecoder):
         found = []
         for stack, layers in self.stacks:
             for i, layer in enumerate(layers, start=1):
-                attentions = [("self_attn", layer.self_attn, layer.self_attn_layer_norm, stack == "decoder", stack)]
+                attentions = [("self_attn", layer.self_attn, layer.self_attn_layer_norm)]
                 if stack == "decoder":
-                    attentions.append(("cross_attn", layer.encoder_attn, layer.encoder_attn_layer_norm, False, "encoder"))
+                    attentions.append(("cross_attn", layer.encoder_attn, layer.encoder_attn_layer_norm))
                 previous: Tuple[nn.Module, str] = (layer, "pre")
-                for name, attn, norm, causal, keys in attentions:
+                for name, attn, norm in attentions:
                     found.append(Sublayer(stack, i, name, [*attn.parameters(), *norm.parameters()], previous, norm,
-                                          (attn, "pre_kwargs", self._logits(causal, keys))))
+                                          self.attention_hook(attn)))
                     previous = (norm, "post")
                 ffn = [*layer.fc1.parameters(), *layer.fc2.parameters(), *layer.final_layer_norm.parameters()]
                 found.append(Sublayer(stack, i, "ffn", ffn, previous, layer.final_layer_norm))
         return found
-
-    def _logits(self, causal: bool, keys: str) -> Callable:
-        def logits(attn, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            source = kwargs.get("key_value_states")
-            source = hidden if source is None else source
-            q = attn.q_proj(hidden).unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2)
-            k = attn.k_proj(source).unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2)
-            return _allowed(q @ k.transpose(-1, -2) * attn.scaling, causal, self.keep.get(keys)).amax()
-        return logits
 
 
 class HFT5Adapter(_HFEncoderDecoder):
@@ -565,11 +505,8 @@ class HFT5Adapter(_HFEncoderDecoder):
     after its final_layer_norm; the logits, the model's (T5ForConditionalGeneration scales the
     decoder's output by d_model^-1/2 before lm_head where its config's scale_decoder_outputs says
     so, as for classic T5: F is taken before that). The largest attention logit is the largest
-    logit the softmax sees: q.k, which T5 does not divide by sqrt(d_h), plus the relative position
-    bias of the pair (none in cross-attention), recomputed from each sublayer's inputs (q of its
-    input, k of the same or of the encoder's output) over the pairs the batch's masks keep: every
-    real encoder token as a key, and in the decoder's self-attention the causal pairs of real
-    tokens; the masks' own large negative values are left out. The batch is a dict of the
+    logit the softmax sees, q.k (which T5 does not divide by sqrt(d_h)) plus the relative position
+    bias, observed in the model's attention over the pairs its masks keep. The batch is a dict of the
     model's inputs (input_ids, attention_mask, decoder_input_ids or labels,
     decoder_attention_mask)."""
 
@@ -601,33 +538,15 @@ class HFT5Adapter(_HFEncoderDecoder):
         found = []
         for stack, blocks in self.stacks:
             for i, block in enumerate(blocks, start=1):
-                attentions = [("self_attn", block.layer[0], block.layer[0].SelfAttention, stack == "decoder", stack)]
+                attentions = [("self_attn", block.layer[0], block.layer[0].SelfAttention)]
                 if stack == "decoder":
-                    attentions.append(("cross_attn", block.layer[1], block.layer[1].EncDecAttention, False, "encoder"))
-                for name, part, attn, causal, keys in attentions:
+                    attentions.append(("cross_attn", block.layer[1], block.layer[1].EncDecAttention))
+                for name, part, attn in attentions:
                     found.append(Sublayer(stack, i, name, list(part.parameters()), (part.layer_norm, "pre"),
-                                          part.layer_norm, (attn, "pre_kwargs", self._logits(causal, keys))))
+                                          part.layer_norm, self.attention_hook(attn)))
                 ffn = block.layer[-1]
                 found.append(Sublayer(stack, i, "ffn", list(ffn.parameters()), (ffn.layer_norm, "pre"), ffn.layer_norm))
         return found
-
-    def _logits(self, causal: bool, keys: str) -> Callable:
-        def logits(attn, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            source = kwargs.get("key_value_states")
-            source = hidden if source is None else source
-            q = attn.q(hidden).unflatten(-1, (-1, attn.key_value_proj_dim)).transpose(1, 2)
-            k = attn.k(source).unflatten(-1, (-1, attn.key_value_proj_dim)).transpose(1, 2)
-            scores = q @ k.transpose(-1, -2) * getattr(attn, "scaling", 1.0)  # T5's is 1
-            # The bias the block is given (the first block's), or the one the first block
-            # computes; a cross-attention has none (its bias is zeros).
-            bias = kwargs.get("position_bias")
-            if bias is None and attn.has_relative_attention_bias:
-                bias = attn.compute_bias(scores.shape[-2], scores.shape[-1], device=scores.device)
-            if bias is not None:
-                scores = scores + bias
-            return _allowed(scores, causal, self.keep.get(keys)).amax()
-        return logits
 
 
 def _opt_layers(model: nn.Module) -> List[nn.Module]:
@@ -635,17 +554,6 @@ def _opt_layers(model: nn.Module) -> List[nn.Module]:
     base = getattr(model, "base_model", model)
     layers = list(getattr(getattr(base, "decoder", None), "layers", None) or [])
     return layers if layers and all(_has(layer, part) for layer in layers for part in HFOPTAdapter.LAYOUT) else []
-
-
-def _allowed(scores: torch.Tensor, causal: bool, real: Optional[torch.Tensor]) -> torch.Tensor:
-    """Attention scores (B, h, T, S), -inf where the attention may not look: a later key (causal)
-    or a padded one (`real` (B, S) False)."""
-    if causal:
-        later = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
-        scores = scores.masked_fill(later, float("-inf"))
-    if real is not None:
-        scores = scores.masked_fill(~real[:, None, None, :], float("-inf"))
-    return scores
 
 
 def _encoder_layers(model: nn.Module) -> List[nn.Module]:
