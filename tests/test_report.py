@@ -30,6 +30,24 @@ def test_report_table_of_a_sweep(make_cfg, tmp_path, capsys):
     assert f'Rule "each position\'s symbol frequencies": {summary["position_only_eval_loss"]:.3f}' in table
 
 
+def test_runs_of_other_recipes_in_one_cell_are_rows_of_their_own(make_cfg, tmp_path):
+    """Two sweeps of other train.steps into one sweep folder: each setting's seeds are a row of
+    their own, never one mean over both recipes; a group whose cells each hold one setting keeps
+    one row."""
+    sweep = tmp_path / "sweep"
+    for steps, seeds in ((2, (0, 1)), (4, (2, 3))):
+        for seed in seeds:
+            train(make_cfg("group=postln", "depth=2", f"seed={seed}", f"train.steps={steps}"),
+                  sweep / f"depth=2__group=postln__seed={seed}__train.steps={steps}")
+    train(make_cfg("group=admin", "depth=2"), sweep / "depth=2__group=admin")
+    text = sweep_table(sweep)
+    lines = text[text.index("| group |"):].split("\n\n")[0].splitlines()  # the main table
+    rows = [line for line in lines if line.startswith("| postln")]
+    assert [r.split(" | ")[0] for r in rows] == ["| postln (train.steps=2)", "| postln (train.steps=4)"]
+    assert all("n=2" in r for r in rows)
+    assert any(line.startswith("| admin | ") for line in lines)
+
+
 def test_report_on_a_missing_folder_is_one_line(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

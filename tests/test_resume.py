@@ -90,6 +90,8 @@ def test_a_stop_request_checkpoints_at_the_end_of_the_step_and_resumes(tmp_path,
     run = _run_dir(tmp_path)
     summary = json.loads((run / "summary.json").read_text())
     assert code != 0 and summary["status"] == "interrupted", (replay, err[-2000:])
+    # 128 + the signal, as the shell gives a process a signal stopped, and no traceback.
+    assert code == 128 + sig and "Traceback" not in err, (replay, err[-2000:])
     assert summary["interrupted_by"] == signal.Signals(sig).name, replay
     state = checkpoint.load(run, _resolved(run))
     assert state["step"] == summary["checkpoint_step"], replay

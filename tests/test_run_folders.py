@@ -5,6 +5,7 @@ failed job does not stop its sweep), and inputs that would break a run midway ar
 import errno
 import json
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -66,6 +67,26 @@ def test_a_planted_checkpoint_is_refused_in_one_line_and_never_run(stopped_run, 
     with pytest.raises(ConfigError, match="holds objects other than tensors and plain data"):
         trainer.train(cfg, out)
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("metrics.csv", "metrics.csv is shorter"),  # cut below what its checkpoint recorded
+    ("layers.csv", "layers.csv begins with the columns 'stepx"),  # a header that is not the run's
+])
+def test_files_that_do_not_match_their_checkpoint_refuse_the_resume_in_one_line(stopped_run, damage, words):
+    """A resume over a metrics.csv shorter than its checkpoint, or a layers.csv whose header
+    changed, is refused as a ConfigError naming the file and how to start over (the CLI: one
+    line, exit 2), and the checkpoint is kept."""
+    cfg, out = stopped_run
+    path = out / damage
+    if damage == "metrics.csv":
+        path.write_text(path.read_text().splitlines()[0] + "\n")
+    else:
+        path.write_text("stepx" + path.read_text()[len("step"):])
+    with pytest.raises(ConfigError, match=re.escape(words) + ".*overwrite=true starts the run over") as refused:
+        trainer.train(cfg, out)
+    assert "\n" not in str(refused.value)
+    assert (out / checkpoint.CHECKPOINT).exists()
 
 
 @pytest.mark.parametrize("data, words", [(b"", "is empty"), (bytes(range(256)) * 80, "is not a file stabexp wrote"),
@@ -267,11 +288,15 @@ def test_a_failed_job_is_reported_and_the_sweep_goes_on(stabexp_main, monkeypatc
     (["seed=2305843009213693952"], "seed=2305843009213693952 is not allowed: must be an integer in [0, 2^60)"),
     (["hydra.run.dir="], "hydra.run.dir= is empty"),
     (["train.batch_size=100000000"], "train.batch_size=100000000 is not allowed here: one step of it needs at least"),
+    # A model whose weights alone cannot fit, at a batch that would.
+    (["depth=1000000", "train.batch_size=1"], "depth=1000000 is not allowed here: a model of 1000000/1000000 layers"),
 ])
 def test_bad_inputs_are_one_line_and_write_nothing(stabexp_main, tmp_path, args, words):
     result = stabexp_main("run", "group=postln", "depth=2", "train.steps=2", *args)
     assert result.returncode == 2 and words in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert not any((tmp_path / "outputs").rglob("summary.json")) and not (tmp_path / "summary.json").exists()
+    # Nor an empty run folder with an empty stabexp.log, which Hydra makes before the checks.
+    assert not [p for p in (tmp_path / "outputs").rglob("*") if p.is_file()]
 
 
 def test_a_group_file_without_a_mandatory_key_is_one_line(stabexp_main, tmp_path):

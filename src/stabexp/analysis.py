@@ -480,7 +480,8 @@ def setting(overrides, besides=()) -> str:
     if not isinstance(overrides, str):
         return ""
     drop = NOT_A_SETTING + tuple(f"{key}=" for key in besides)
-    return " ".join(p for p in overrides.split("__") if p and not p.startswith(drop))
+    # A part without "=" is no override: a folder named by hand (a monitor's "gpt2_4L").
+    return " ".join(p for p in overrides.split("__") if "=" in p and not p.startswith(drop))
 
 
 def run_overrides(run: pd.Series) -> str:
@@ -488,6 +489,14 @@ def run_overrides(run: pd.Series) -> str:
     hashed when long, so only the fallback)."""
     overrides = run.get("overrides")
     return overrides if isinstance(overrides, str) else str(run.run).replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def run_settings(runs: pd.DataFrame) -> pd.Series:
+    """Each collected run's setting besides its lr (`setting`; "(defaults)" for none): the runs of
+    one (group, depth) that differ here ran different recipes and are not averaged together."""
+    if runs.empty:
+        return pd.Series(dtype=object)
+    return runs.apply(lambda run: setting(run_overrides(run), besides=("train.lr",)) or "(defaults)", axis=1)
 
 
 def lr_setting(overrides: str) -> str:
@@ -551,7 +560,7 @@ def setting_table(runs: pd.DataFrame) -> pd.DataFrame:
     done = runs[runs.status == "completed"]
     if done.empty:
         return pd.DataFrame(columns=columns)
-    settings = done.apply(lambda run: setting(run_overrides(run), besides=("train.lr",)) or "(defaults)", axis=1)
+    settings = run_settings(done)
     bleu = done.test_bleu if "test_bleu" in done else pd.Series(np.nan, index=done.index)
     frame = pd.DataFrame({"group": done.group, "depth": done.depth, "setting": settings,
                           "final_eval_loss": done.final_eval_loss, "test_bleu": bleu})

@@ -162,6 +162,7 @@ def task(cfg) -> None:
             _job_ended(out_dir, f"refused: {err}", hydra_cfg)
             return
         say(f"stabexp: error: {err}", file=sys.stderr)
+        _remove_if_only_an_empty_log(out_dir)
         sys.exit(2)
     except RunLocked as err:
         if in_sweep:
@@ -194,6 +195,23 @@ def task(cfg) -> None:
              summary["status"], summary.get("steps_done"),
              f"{eval_loss:.4f}" if eval_loss is not None else "n/a",
              f", test BLEU {bleu:.2f}" if bleu is not None else "", out_dir)
+
+
+def _remove_if_only_an_empty_log(out_dir: Path) -> None:
+    """A run refused before it touched its folder leaves none: Hydra made the folder and its empty
+    stabexp.log before the run's checks; a folder holding anything else is left as it is."""
+    log_file = out_dir / "stabexp.log"
+    try:
+        if [p.name for p in out_dir.iterdir()] != [log_file.name] or log_file.stat().st_size:
+            return
+        for handler in [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)
+                        and Path(h.baseFilename) == log_file.resolve()]:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+        log_file.unlink()
+        out_dir.rmdir()
+    except OSError:  # gone already, or not ours to remove: nothing to tidy
+        return
 
 
 def _failed(err: Exception, out_dir: Path, hydra_cfg, in_sweep: bool) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 from typing import List, Optional
 
@@ -95,6 +96,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise
             stdout_closed()
             return 0
+        except KeyboardInterrupt:
+            # Ctrl-C outside a run's steps (Hydra composing, a second Ctrl-C, a report): one line,
+            # and the shell's code for SIGINT. A run between steps checkpoints and says so itself.
+            print("stabexp: interrupted (Ctrl-C)", file=sys.stderr)
+            return 128 + signal.SIGINT
 
 
 def _main(argv: List[str]) -> int:

@@ -104,23 +104,44 @@ def _kept_bytes(cfg, tokens: int, outputs: int) -> int:
     return 4 * tokens * per_token
 
 
+def least_model_bytes(cfg, world: int = 1) -> int:
+    """A lower bound on what one training process keeps of the model: its fp32 weights and their
+    gradients (8 bytes a parameter of `parameters`, the norms' and biases' vectors and any
+    optimiser state left out), a 1/`world` share of them under FSDP2, which shards both."""
+    shards = world if cfg.train.get("parallel", "none") == "fsdp" else 1
+    return 8 * parameters(cfg) // shards
+
+
 def check_fits(cfg, device: torch.device, world: int = 1) -> None:
-    """ConfigError when one step's batch cannot fit in the memory left (least_step_bytes),
-    before anything is built: a batch far too big is one line, not a process the kernel kills
-    when it has taken the machine's memory from every other job on it. `world`: the processes
-    that share each batch."""
+    """ConfigError when one step cannot fit in the memory left (least_model_bytes, the model's
+    weights and gradients, and least_step_bytes, the batch's activations), before anything is
+    built: a model or a batch far too big is one line, not a process the kernel kills when it
+    has taken the machine's memory from every other job on it. `world`: the processes that
+    share each batch."""
     import os
 
     from stabexp.errors import ConfigError
 
     # K processes share each batch: a GPU holds its rank's share, a host its ranks' shares.
     sharing = 1 if device.type == "cuda" else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    need, free = least_step_bytes(cfg) * sharing // world, available_bytes(device)
-    if need > free:
-        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not allowed here: one step of it needs at "
-                          f"least {need / 2 ** 30:.1f} GiB (its activations and logits, a lower estimate) and "
-                          f"{'this GPU' if device.type == 'cuda' else 'this machine'} has {free / 2 ** 30:.1f} GiB "
-                          "free: lower train.batch_size (or task.seq_len)")
+    batch = least_step_bytes(cfg) * sharing // world
+    model = least_model_bytes(cfg, world) * sharing
+    need, free = batch + model, available_bytes(device)
+    if need <= free:
+        return
+    where = "this GPU" if device.type == "cuda" else "this machine"
+    gib = 2 ** 30
+    if model >= batch:
+        depths = "/".join(str(n) for n in stack_depths(cfg) if n)
+        raise ConfigError(f"depth={cfg.depth} is not allowed here: a model of {depths} layers at d_model="
+                          f"{cfg.model.d_model} has about {parameters(cfg):.3g} parameters, whose weights and "
+                          f"gradients alone need {model / gib:.1f} GiB (with the batch's activations "
+                          f"{need / gib:.1f} GiB, a lower estimate), and {where} has {free / gib:.1f} GiB free: "
+                          "lower depth or model.d_model (or shard it: train.parallel=fsdp)")
+    raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not allowed here: one step of it needs at "
+                      f"least {need / gib:.1f} GiB (its activations and logits, {batch / gib:.1f} GiB, and the "
+                      f"model's weights and gradients, {model / gib:.1f} GiB; a lower estimate) and {where} has "
+                      f"{free / gib:.1f} GiB free: lower train.batch_size (or task.seq_len)")
 
 
 # --- how much a run will take, for packing a sweep's jobs (stabexp.sweep) -------------------

@@ -28,6 +28,7 @@ from stabexp.analysis import (
     grid_counts,
     lr_sensitivity_table,
     run_setting,
+    run_settings,
     last_w2_grad,
     output_change_fits,
     output_change_table,
@@ -217,12 +218,20 @@ def sweep_table(sweep_dir: Path) -> str:
         return f"{d}L-" + "/".join(f"{int(m)}L" for m in sorted(runs[runs.depth == d].decoder_depth.dropna().unique()))
     lines = ["| group | " + " | ".join(label(d) for d in depths) + " |",
              "|---|" + "---|" * len(depths)]
+    # Runs of one group that ran different recipes (two sweeps of other train.steps into one
+    # folder) are not averaged into one cell: a row per setting.
+    settings = run_settings(runs)
     for g in groups:
         if at_init:
             cells = [_change_cell(change[(change.group == g) & (change.depth == d)]) for d in depths]
-        else:
-            cells = [_cell(runs[(runs.group == g) & (runs.depth == d)]) for d in depths]
-        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+            lines.append(f"| {g} | " + " | ".join(cells) + " |")
+            continue
+        mine = runs.group == g
+        mixed = settings[mine].groupby(runs.depth[mine]).nunique().max() > 1
+        for s in dict.fromkeys(settings[mine]) if mixed else [None]:
+            kept = mine if s is None else mine & (settings == s)
+            cells = [_cell(runs[kept & (runs.depth == d)]) for d in depths]
+            lines.append(f"| {g if s is None else f'{g} ({s})'} | " + " | ".join(cells) + " |")
     chance = runs.chance_loss.dropna()
     if at_init:
         note = "Cells: output change |F(x,W) - F(x,W+delta)|^2 at init, mean over seeds."

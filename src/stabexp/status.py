@@ -47,13 +47,18 @@ def run_state(run: Path) -> Dict:
 
 
 def _last_step(metrics: Path) -> Optional[int]:
-    """The step of the last row of metrics.csv, read from the file's end."""
-    if not metrics.exists():
+    """The step of the last row of metrics.csv, read from the file's end; None where there is no
+    such file to read: none, a folder, a FIFO or a device in its place (reading a FIFO waits for
+    ever, /dev/zero never ends), or one this user may not read."""
+    if not metrics.is_file():
         return None
-    with open(metrics, "rb") as f:
-        f.seek(0, 2)
-        f.seek(max(0, f.tell() - 4096))
-        lines = f.read().decode(errors="replace").strip().splitlines()
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return None
     last = lines[-1].split(",")[0] if lines else ""
     return int(last) if last.isdigit() else None
 

@@ -25,6 +25,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from stabexp.atomic import write_atomic
 from stabexp.distributed import is_rank0
+from stabexp.errors import ConfigError
+
+# What a run folder's files that cannot be resumed leave to do.
+START_OVER = "overwrite=true starts the run over (its files replaced)"
 
 SUMMARY = "summary.json"
 MODEL = "model.pt"  # the final weights, with train.save_model
@@ -218,8 +222,9 @@ class CsvLog:
             rows, size = resume_at
             self.columns = self._resumed_columns()
             if self.path.stat().st_size < size:
-                raise RuntimeError(f"{self.path} is shorter ({self.path.stat().st_size} bytes) than at its "
-                                   f"checkpoint ({size} bytes): it cannot be resumed")
+                raise ConfigError(f"{self.path} is shorter ({self.path.stat().st_size} bytes) than at its "
+                                  f"checkpoint ({size} bytes): the run cannot be resumed from it; "
+                                  f"{START_OVER}")
             self.file = open(self.path, "r+", newline="")
             self.file.truncate(size)
             self.file.seek(size)
@@ -246,8 +251,9 @@ class CsvLog:
         with open(self.path, newline="") as f:
             header = next(csv.reader(f), None)
         if not header or header[0] != self.columns[0]:
-            raise RuntimeError(f"{self.path} has columns {header}, this run writes {self.columns}: it cannot "
-                               "be resumed")
+            shown = ",".join(header or [])[:60]
+            raise ConfigError(f"{self.path} begins with the columns {shown!r}, where this run's begin with "
+                              f"{self.columns[0]!r}: the run cannot be resumed from it; {START_OVER}")
         return header
 
     def write(self, rows) -> None:

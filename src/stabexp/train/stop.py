@@ -62,6 +62,8 @@ class StopRequests:
         signum = received if signum is None else signum
         previous = self.previous.get(signum) if received is not None else None
         self.__exit__()
-        if callable(previous):
+        # Python's own SIGINT handler would only raise KeyboardInterrupt, a traceback where the
+        # run has stopped as asked: RunStopped says it.
+        if callable(previous) and previous is not signal.default_int_handler:
             previous(signum, None)
         raise RunStopped(signum)
