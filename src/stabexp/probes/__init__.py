@@ -12,7 +12,7 @@ module holds the measures; each probe that a run calls is a class of stabexp.pro
   its weights' RMS (`LayerProbe.relative_updates`; the paper follows the update RMS per layer).
 
 Probes observe the model one way only: PyTorch forward hooks on the submodules its adapter
-names (probes/adapters.py; for stabexp's models, those model/transformer.py names: the residual
+names (probes/adapters/; for stabexp's models, those model/transformer.py names: the residual
 sublayers, their stream norm `ln`, their branch, each attention's `scores` inside
 `explicit_attention()`), attached for one pass and removed after it (`hooked`), so training
 runs the model without any.
