@@ -273,7 +273,8 @@ def test_the_figures_table_of_presets_md_is_the_registry_s():
     (["group.init=mylab_init.small_embeddings"], lambda s: s["constants"]["small_embeddings"] == {"factor": 0.5}),
     (["task=reverse", "task.kind=mylab_tasks.CopyTask"], lambda s: "mylab_tasks" in sys.modules),
     (["optim.name=mylab_optim.nesterov"], lambda s: s["optim"]["name"] == "mylab_optim.nesterov"),
-], ids=["placement", "init", "task", "optimiser"])
+    (["train.hooks=[mylab_hooks.MaxNorm]"], lambda s: "mylab_hooks" in sys.modules),
+], ids=["placement", "init", "task", "optimiser", "step_hook"])
 def test_the_plugin_examples_run_as_written(stabexp_main, tmp_path, monkeypatch, overrides, check):
     """docs/plugins.md's modules, written out as the page shows them, each named on the command line
     of a short run that completes (the optimiser's with the default optim, which sets no momentum)."""
@@ -282,7 +283,7 @@ def test_the_plugin_examples_run_as_written(stabexp_main, tmp_path, monkeypatch,
     from conftest import TINY
 
     modules = _page_modules(ROOT / "docs" / "plugins.md")
-    assert set(modules) == {"mylab_norms", "mylab_init", "mylab_tasks", "mylab_optim", "mylab_probes"}
+    assert set(modules) == {"mylab_norms", "mylab_init", "mylab_tasks", "mylab_optim", "mylab_probes", "mylab_hooks"}
     for name, code in modules.items():
         (tmp_path / f"{name}.py").write_text(code)
         monkeypatch.delitem(sys.modules, name, raising=False)  # imported here by this run, or not at all

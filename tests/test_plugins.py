@@ -308,10 +308,11 @@ def test_a_bad_plugin_is_one_line_and_nothing_is_written(stabexp_main, tmp_path,
 def test_the_builtins_are_the_packages_own_entry_points():
     from stabexp.data import TASKS
     from stabexp.model.init import INIT_RULES
+    from stabexp.train.builtin_hooks import STEP_HOOKS
     from stabexp.train.optim import OPTIMISERS
 
     for kind, table in (("placement", PLACEMENTS), ("init", INIT_RULES), ("task", TASKS),
-                        ("optimiser", OPTIMISERS)):
+                        ("optimiser", OPTIMISERS), ("step_hook", STEP_HOOKS)):
         registered = plugins.registry(kind).table()
         assert {n: r.obj for n, r in registered.items() if r.distribution == "stabexp"} == table, kind
     assert all(plugins.placement(name) is p for name, p in PLACEMENTS.items())
@@ -382,3 +383,81 @@ def test_a_plugin_probe_adds_its_layers_column_to_the_header(make_cfg, tmp_path,
     fail_at_step(monkeypatch, make_cfg(*overrides), tmp_path / "resumed", 5)
     trainer.train(make_cfg(*overrides), tmp_path / "resumed")
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "resumed" / "layers.csv"), layers)
+
+
+# --- step hooks ---------------------------------------------------------------------------------
+
+HOOKS = """
+    import json
+    import os
+
+    from stabexp.train.hooks import StepHook
+
+    SEEN = []
+
+
+    class Recording(StepHook):
+        # Every moment it is called at, and the losses it is given; it ends the run where
+        # PLUGTEST_END_AT says, as the divergence check would.
+        def losses_read(self, ctx, readings):
+            SEEN.append(("losses_read", [step for step, _, _ in readings], [loss for _, _, loss in readings]))
+            end = int(os.environ.get("PLUGTEST_END_AT", 0))
+            return end if end in [step for step, _, _ in readings] else None
+
+        def after_optimizer_step(self, ctx):
+            SEEN.append(("after_optimizer_step", ctx.first_loss() is not None))
+
+        def after_step(self, ctx, step):
+            SEEN.append(("after_step", step))
+
+        def at_end(self, ctx):
+            SEEN.append(("at_end",))
+
+
+    class NotAHook:
+        pass
+"""
+
+
+def test_a_step_hook_by_dotted_path_acts_at_its_moments_after_the_builtins(make_cfg, tmp_path, monkeypatch):
+    """train.hooks names a StepHook of one's own module: it is called at each moment after the
+    built-ins, given every loss the run reads (each step's on a CPU, the loss column's own
+    values), and a step it returns from losses_read ends the run there as diverged, the step not
+    applied and its row written, as the divergence check's would be."""
+    from stabexp.train import trainer
+
+    monkeypatch.syspath_prepend(str(write_module(tmp_path / "mods", "plugtest_hooks", HOOKS)))
+    cfg = make_cfg("group=postln", "train.steps=4", "train.hooks=[plugtest_hooks.Recording]")
+    assert [h.name for h in plugins.step_hooks(cfg)] == ["divergence", "checkpoints", "plugtest_hooks.Recording"]
+    summary = trainer.train(cfg, tmp_path / "run")
+    from plugtest_hooks import SEEN
+
+    assert summary["status"] == "completed"
+    reads = [s for s in SEEN if s[0] == "losses_read"]
+    assert [r[1] for r in reads] == [[1], [2], [3], [4]]
+    losses = pd.read_csv(tmp_path / "run" / "metrics.csv").set_index("step").loss
+    assert [r[2][0] for r in reads] == pytest.approx(losses.loc[1:4].tolist(), rel=1e-6)
+    assert [s for s in SEEN if s[0] == "after_step"] == [("after_step", n) for n in (1, 2, 3, 4)]
+    assert SEEN[-1] == ("at_end",) and ("after_optimizer_step", True) in SEEN
+
+    SEEN.clear()
+    monkeypatch.setenv("PLUGTEST_END_AT", "3")
+    summary = trainer.train(make_cfg("group=postln", "train.steps=4", "train.hooks=[plugtest_hooks.Recording]"),
+                            tmp_path / "ended")
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 3 and summary["steps_done"] == 2
+    assert pd.read_csv(tmp_path / "ended" / "metrics.csv").step.max() == 3
+    assert [s for s in SEEN if s[0] == "after_step"] == [("after_step", 1), ("after_step", 2)]
+
+
+@pytest.mark.parametrize("hooks, words", [
+    ("[divergence]", "train.hooks=divergence is not allowed: a built-in, on where its own key turns it on"),
+    ("[plugtest_hooks.Recording,plugtest_hooks.Recording]", "listed twice"),
+    ("[plugtest_hooks.NotAHook]", "not a subclass of stabexp.train.hooks.StepHook"),
+    ("[plugtest_hooks.Missing]", "plugtest_hooks has no attribute Missing"),
+])
+def test_a_bad_step_hook_is_one_line_and_nothing_is_written(stabexp_main, tmp_path, monkeypatch, hooks, words):
+    monkeypatch.syspath_prepend(str(write_module(tmp_path / "mods", "plugtest_hooks", HOOKS)))
+    r = stabexp_main("run", f"train.hooks={hooks}", "depth=2")
+    assert r.returncode == 2
+    one_line_error(r, words)
+    assert not stabexp_main.outputs.exists()

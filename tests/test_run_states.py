@@ -12,7 +12,7 @@ import stabexp.train.build
 import stabexp.train.trainer as trainer
 from conftest import TINY
 from stabexp.data import SortTask, SymbolTask
-from stabexp.train.divergence import DivergenceCheck
+from stabexp.train.run import Run
 
 
 class ScriptedLosses(SortTask):
@@ -71,10 +71,9 @@ def test_a_gpu_reads_losses_only_at_probe_steps_and_records_the_same_divergence(
     overrides = ["probe.first_steps=0", "probe.every=5", "train.eval_every=5"]
     every_step, _ = _scripted_run(make_cfg, tmp_path / "cpu", monkeypatch, losses, *overrides)
     reads = []
-    real_diverged = DivergenceCheck.diverged
+    real_read = Run.read_losses
     monkeypatch.setattr(stabexp.train.build, "reads_loss_every_step", lambda device: False)
-    monkeypatch.setattr(DivergenceCheck, "diverged",
-                        lambda self, run: reads.append(len(self.pending)) or real_diverged(self, run))
+    monkeypatch.setattr(Run, "read_losses", lambda self: reads.append(len(self.pending_losses)) or real_read(self))
     lazy, _ = _scripted_run(make_cfg, tmp_path / "gpu", monkeypatch, losses, *overrides)
     assert max(reads) > 1  # several steps' losses in one read
     for key in ("status", "diverged_at_step", "steps_done", "first_loss", "last_loss", "final_eval_loss"):

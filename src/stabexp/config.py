@@ -221,6 +221,9 @@ class TrainConfig:
                                 # (PaLM; Wortsman et al. 2023 use 1e-4); 0 = off
     eval_every: int = 100       # eval loss / accuracy on the held-out batch every so many steps
     explode_factor: float = 4.0  # loss > this x max(chance loss, first loss) counts as diverged
+    # Step hooks of other packages (entry point group stabexp.step_hooks) or dotted paths
+    # module.Class, called after the built-ins at each moment (train/hooks.py, docs/plugins.md).
+    hooks: List[str] = field(default_factory=list)
     device: str = "auto"        # auto (cuda when present), cpu or cuda
     threads: int = 0            # torch intra-op threads; 0 = torch's default
     precision: str = "fp32"     # fp32, or bf16: the training forward and loss under bf16

@@ -224,6 +224,10 @@ _REGISTRIES: Dict[str, Registry] = {
         "probe", "stabexp.probes", "probe.extra", "stabexp.probes.builtin:PROBES",
         "a subclass of stabexp.probes.base.Probe", "module.Class",
         accept="stabexp.probes.base:as_probe", own_by_name=False),  # the built-ins: by their probe.<flag>
+    "step_hook": Registry(
+        "step hook", "stabexp.step_hooks", "train.hooks", "stabexp.train.builtin_hooks:STEP_HOOKS",
+        "a subclass of stabexp.train.hooks.StepHook", "module.Class",
+        accept="stabexp.train.hooks:as_step_hook", own_by_name=False),  # the built-ins: by their own keys
 }
 KINDS = tuple(_REGISTRIES)
 
@@ -266,6 +270,22 @@ def probes(cfg) -> List[type]:
         if sum(n == name for n in cfg.probe.extra) > 1:
             raise PluginError(f"probe.extra={name} is not allowed: listed twice")
         found.append(type(probe.__name__, (probe,), {"name": name, "__module__": probe.__module__}))
+    return found
+
+
+def step_hooks(cfg) -> List[type]:
+    """The step hook classes a config turns on, in the order a run calls them at each moment: the
+    package's own that are `enabled(cfg)`, then each of train.hooks, named as listed."""
+    reg = _REGISTRIES["step_hook"]
+    own = [reg.get(name) for name, r in reg.table().items() if r.distribution == PACKAGE]
+    found = [hook for hook in own if hook.enabled(cfg)]
+    for name in cfg.train.get("hooks", ()) or ():
+        hook = reg.get(name, "train.hooks")
+        if reg.table().get(name) is not None and reg.table()[name].distribution == PACKAGE:
+            raise PluginError(f"train.hooks={name} is not allowed: a built-in, on where its own key turns it on")
+        if sum(n == name for n in cfg.train.hooks) > 1:
+            raise PluginError(f"train.hooks={name} is not allowed: listed twice")
+        found.append(type(hook.__name__, (hook,), {"name": name, "__module__": hook.__module__}))
     return found
 
 
@@ -316,4 +336,4 @@ def clear() -> None:
 
 
 __all__ = ["PluginError", "Rejected", "Registry", "placement", "init_rule", "task_factory", "optimiser_factory",
-           "check", "probes", "names", "registered", "plugins", "clear", "is_dotted_path", "what_is", "takes", "KINDS"]
+           "check", "probes", "step_hooks", "names", "registered", "plugins", "clear", "is_dotted_path", "what_is", "takes", "KINDS"]

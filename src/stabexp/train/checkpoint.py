@@ -79,6 +79,8 @@ class Checkpoints(StepHook):
     needs none), and when the process is asked to stop (stabexp.train.stop), after the divergence
     check has read the losses left (a run that diverged ends as diverged, with no checkpoint)."""
 
+    name = "checkpoints"
+
     @classmethod
     def enabled(cls, cfg) -> bool:
         return True
@@ -87,13 +89,12 @@ class Checkpoints(StepHook):
     def from_config(cls, model, cfg) -> "Checkpoints":
         return cls()
 
-    def after_step(self, run, step: int) -> None:
-        if run.cadence.is_checkpoint_step(step):
-            run.save_checkpoint()
+    def after_step(self, ctx, step: int) -> None:
+        if ctx.is_checkpoint_step(step):
+            ctx.save_checkpoint()
 
-    def on_stop_request(self, run) -> bool:
-        run.save_checkpoint()
-        return False
+    def on_stop_request(self, ctx) -> None:
+        ctx.save_checkpoint()
 
 
 def save(out_dir: Path, state: Dict, model=None, optimizer=None) -> None:

@@ -35,6 +35,8 @@ from stabexp.train.hooks import StepHook
 
 
 class QKClip(StepHook):
+    name = "qk_clip"
+
     @classmethod
     def enabled(cls, cfg) -> bool:
         return cfg.train.qk_clip_tau > 0
@@ -69,10 +71,10 @@ class QKClip(StepHook):
             self.max_logits[i] = torch.maximum(self.max_logits[i], logits.detach().amax(dim=(0, 2, 3)))
         return keep_max
 
-    def around_forward(self, run):
+    def around_forward(self, ctx):
         return self.observing()
 
-    def after_optimizer_step(self, run) -> None:
+    def after_optimizer_step(self, ctx) -> None:
         if distributed.world() > 1:  # every replica clips by the largest logit of the global batch
             self.max_logits = list(distributed.max_(torch.stack(self.max_logits)))
         self.clip()

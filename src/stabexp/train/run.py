@@ -2,8 +2,9 @@
 
 train/trainer.py drives a Run through its steps; the benchmark (bench.py) times `Run.step`
 itself, so both measure the same code path. `Run.step` is the loop of one step and nothing
-else: what acts on the run from outside it (the divergence check, QK-Clip, the checkpoints)
-is a StepHook (train/hooks.py), called at its moments. A Run is built new (the model
+else: what acts on the run from outside it (the divergence check, QK-Clip, the checkpoints,
+another package's hooks) is a StepHook (train/hooks.py), called at its moments with a
+HookContext; the run keeps its own books (its losses as read, its step count, its files). A Run is built new (the model
 initialised, step 0 recorded) or from a checkpoint (train/checkpoint.py), which it continues
 bit for bit. What it is built from: train/build.py; what its probes measure: stabexp.probes
 (each a Probe, called at its moments by a ProbeSet); how their rows reach the files:
@@ -16,32 +17,24 @@ import logging
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import DictConfig
 
-from stabexp import distributed
+from stabexp import distributed, plugins
 from stabexp.data import Task
 from stabexp.probes.base import Rows
 from stabexp.train import checkpoint
 from stabexp.train.build import Cadence, describe, device_of, lr_schedule, model_for, probes_for
-from stabexp.train.checkpoint import Checkpoints
-from stabexp.train.divergence import DivergenceCheck
 from stabexp.train.files import SUMMARY, write_json
-from stabexp.train.hooks import by_moment
+from stabexp.train.hooks import HookContext, by_moment
 from stabexp.train.losses import training_loss, update_count
 from stabexp.train.optim import build_optimizer, clip_gradients
-from stabexp.train.qk_clip import QKClip
 from stabexp.train.recording import Progress, Recorder, eval_results
 from stabexp.tracking import Trackers
 
 log = logging.getLogger("stabexp")
-
-# What acts on a run from outside the loop (train/hooks.py), each on when its config turns it
-# on, called at each moment in this order: the divergence check first, so that nothing acts on
-# a step it ends, and before the checkpoint written on a request to stop.
-STEP_HOOKS = (DivergenceCheck, QKClip, Checkpoints)
 
 
 class Run:
@@ -76,9 +69,10 @@ class Run:
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16")
         # What acts on the run (train/hooks.py): only those the config turns on, and at each
         # moment only those that act there.
-        self.hooks = [hook.from_config(model, cfg) for hook in STEP_HOOKS if hook.enabled(cfg)]
+        self.hooks = [hook.from_config(model, cfg) for hook in plugins.step_hooks(cfg)]
         self.at = by_moment(self.hooks)
         self.opt = build_optimizer(cfg, model, self.device)  # after wrapping: FSDP2 swaps in shards
+        self.pending_losses: List[Tuple[int, float, torch.Tensor]] = []  # (step, lr, loss) not read yet
         self.sched = lr_schedule(cfg, self.opt)
         self.lr = self.sched.get_last_lr()[0]  # of the step just taken: the probes' ctx.lr()
         self.probes = probes_for(cfg, model, task, (probe_src, probe_tgt_in), self.device, summary, lambda: self.lr)
@@ -86,6 +80,10 @@ class Run:
             write_json(self.out_dir / SUMMARY, summary)  # status "running": visible while it trains
         self.cadence = Cadence(cfg, self.device)
         self.progress = Progress(cfg, show_progress and distributed.is_rank0())
+        self.ctx = HookContext(model=model, optimizer=self.opt, cfg=cfg, chance_loss=task.chance_loss,
+                               first_loss=lambda: self.result["first_loss"],
+                               is_checkpoint_step=self.cadence.is_checkpoint_step,
+                               save_checkpoint=self.save_checkpoint)
         if state is None:
             self._begin()
         else:
@@ -169,19 +167,19 @@ class Run:
         batches = [self.task.train_batch() for _ in range(t.update_freq)]
         with ExitStack() as around:
             for hook in self.at["around_forward"]:
-                around.enter_context(hook.around_forward(self))
+                around.enter_context(hook.around_forward(self.ctx))
             loss = self._gradient(batches)
         lr = self.sched.get_last_lr()[0]
-        for hook in self.at["after_backward"]:
-            if hook.after_backward(self, step, loss):
-                return False
+        self.pending_losses.append((step, lr, loss.detach()))
+        if cadence.must_sync(step) and self.read_losses():
+            return False
         probing = cadence.is_probe_step(step)
         self.probes.before_step(step, probing)  # this step's gradients, before clipping
         if t.clip_norm > 0:
             clip_gradients(model, t.clip_norm, distributed.is_sharded(model))
         self.opt.step()
         for hook in self.at["after_optimizer_step"]:
-            hook.after_optimizer_step(self)
+            hook.after_optimizer_step(self.ctx)
         self.sched.step()
         self.steps_done, self.lr = step, lr
         row = None
@@ -227,21 +225,52 @@ class Run:
 
     # --- between steps: the hooks' moments that the loop (train/trainer.py) calls ----------------
 
+    def read_losses(self) -> bool:
+        """Read the losses of the steps since the last read (one host sync): the run's first and
+        last loss, then the hooks' `losses_read`; True when one ended the run at a step (it
+        diverged: that step's row written, the step not applied, the steps after it void)."""
+        if not self.pending_losses:
+            return False
+        steps, lrs, losses = zip(*self.pending_losses)
+        self.pending_losses = []
+        # K ranks: each holds its part of every step's loss; their sum (one collective) is the
+        # batch's loss, the same on every rank, so all of them stop at the same step.
+        readings = list(zip(steps, lrs, distributed.sum_(torch.stack(losses)).float().tolist()))
+        if self.result["first_loss"] is None:
+            self.result["first_loss"] = readings[0][2]
+        for hook in self.at["losses_read"]:
+            ended = hook.losses_read(self.ctx, readings)
+            if ended is not None:
+                step, lr, loss = next(r for r in readings if r[0] == ended)
+                self.result.update(status="diverged", diverged_at_step=step, last_loss=loss)
+                self.steps_done = step - 1
+                self.recorder.metrics.write([{"step": step, "lr": lr, "loss": loss,
+                                              "elapsed_s": time.perf_counter() - self.start}])
+                log.warning("diverged at step %d (loss %s)", step, loss)
+                return True
+        self.result["last_loss"] = readings[-1][2]
+        return False
+
     def after_step(self, step: int) -> None:
         """Step `step` is whole and no stop was asked for: the periodic checkpoint."""
         for hook in self.at["after_step"]:
-            hook.after_step(self, step)
+            hook.after_step(self.ctx, step)
 
     def on_stop_request(self) -> bool:
         """The process was asked to stop after the step just taken: the losses not read yet are
-        read, then the checkpoint written. True when a hook ended the run there instead (it
-        diverged: no checkpoint)."""
-        return any(hook.on_stop_request(self) for hook in self.at["on_stop_request"])
+        read, then the hooks act (the checkpoint written). True when the run diverged among
+        those losses instead (no checkpoint)."""
+        if self.read_losses():
+            return True
+        for hook in self.at["on_stop_request"]:
+            hook.on_stop_request(self.ctx)
+        return False
 
     def at_end(self) -> None:
         """The loop is over: the losses not read yet are read (a divergence among them is recorded)."""
+        self.read_losses()
         for hook in self.at["at_end"]:
-            hook.at_end(self)
+            hook.at_end(self.ctx)
 
     def _record(self, step: int, lr: Optional[float], loss: Optional[float], rows: Rows) -> Dict:
         """The rows of `step`: the probes' (measured on theta_step) and, at an eval step, the

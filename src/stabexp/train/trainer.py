@@ -21,7 +21,7 @@ from typing import Callable, Dict, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from stabexp import distributed, memory
+from stabexp import distributed, memory, plugins
 from stabexp.config import ConfigError, resolved, validate, validate_world
 from stabexp.data import Task, make_task
 from stabexp.train import checkpoint, folder
@@ -29,7 +29,7 @@ from stabexp.atomic import remove_partials, write_atomic
 from stabexp.train.files import SUMMARY, RunLock, RunLocked, read_summary, summary_file_problem, write_json
 from stabexp.train.recording import group_name
 from stabexp.train.build import check_parallel, device_of
-from stabexp.train.run import STEP_HOOKS, Run
+from stabexp.train.run import Run
 from stabexp.train.stop import RunStopped, StopRequests
 from stabexp import tracking
 from stabexp.tracking import Trackers
@@ -141,9 +141,8 @@ def check_config(cfg: DictConfig, world: int, grouped: bool) -> None:
     every cell of a sweep before any job starts (stabexp.preflight) and a run before it starts."""
     validate(cfg)
     validate_world(cfg, world, grouped)
-    for hook in STEP_HOOKS:
-        if hook.enabled(cfg):
-            hook.check(cfg)
+    for hook in plugins.step_hooks(cfg):
+        hook.check(cfg)
     tracking.check(cfg)
 
 
