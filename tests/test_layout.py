@@ -73,3 +73,57 @@ def test_no_module_imports_back_up_the_layers():
             if module == layer or module.startswith(layer + "."):
                 bad = {m for m in imported if any(m == f or m.startswith(f + ".") for f in forbidden)}
                 assert not bad, f"{module} imports {sorted(bad)}"
+
+
+# --- lists of names kept by hand, each against the registry it names ---------------------------
+
+def test_every_group_has_its_place_in_the_figures_colour_order():
+    """plotting.figures.GROUP_ORDER fixes each group's colour: it lists every group of conf/group
+    once, and nothing else."""
+    from stabexp.paths import conf_dir
+    from stabexp.plotting.figures import GROUP_ORDER
+
+    groups = {p.stem for p in (conf_dir() / "group").glob("*.yaml")}
+    assert len(GROUP_ORDER) == len(set(GROUP_ORDER)) and set(GROUP_ORDER) == groups, set(GROUP_ORDER) ^ groups
+
+
+def test_the_layers_columns_are_the_builtin_probes_own():
+    """recording.LAYERS_COLUMNS, layers.csv's header, is the row's index (step, stack, layer,
+    sublayer) and the columns the built-in probes declare they fill, each once."""
+    from stabexp import plugins
+    from stabexp.train.recording import LAYERS_COLUMNS
+
+    declared = {c for name in plugins.names("probe") for c in plugins.registry("probe").get(name).layers_columns}
+    index = ["step", "stack", "layer", "sublayer"]
+    assert LAYERS_COLUMNS[:4] == index and len(LAYERS_COLUMNS) == len(set(LAYERS_COLUMNS))
+    assert set(LAYERS_COLUMNS[4:]) == declared, set(LAYERS_COLUMNS[4:]) ^ declared
+
+
+def test_the_longest_test_files_named_for_the_workers_exist():
+    """conftest.LONGEST_FIRST, the order `make test` hands the longest files to its workers, names
+    test files that exist (a renamed one would silently fall back to the end of the queue)."""
+    from conftest import LONGEST_FIRST
+
+    tests = {p.stem for p in Path(__file__).parent.glob("test_*.py")}
+    assert set(LONGEST_FIRST) <= tests, set(LONGEST_FIRST) - tests
+
+
+def test_every_module_is_on_the_architecture_page():
+    """docs/architecture.md's map of the package (its lines "  path  what it holds") names every
+    module, or a folder holding it, so that a new module is placed where a reader looks for it."""
+    import re
+
+    page = (SRC.parent / "docs" / "architecture.md").read_text()
+    entries = set(re.findall(r"^  ([\w/]+(?:\.py|/))(?:\s|$)", page, flags=re.M))
+    package = SRC / "stabexp"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        folders = {p.as_posix() + "/" for p in rel.parents if p.as_posix() != "."}
+        if rel.as_posix() in ("__init__.py", "__main__.py") or rel.as_posix() in entries or folders & entries:
+            continue
+        body = ast.parse(path.read_text()).body
+        if rel.name == "__init__.py" and all(isinstance(n, ast.Expr) for n in body):  # a docstring alone
+            continue
+        missing.append(rel.as_posix())
+    assert not missing, missing
