@@ -58,6 +58,10 @@ from conftest import one_line_error
     (["~depth"], ["~depth deletes depth", "depth=VALUE"]),
     (["~seed"], ["~seed deletes seed", "seed=VALUE"]),
     (["hydra.sweeper.params={depth:2}"], ["hydra.sweeper.params={depth:2}", "-m KEY=A,B"]),
+    # What Hydra's lexer cannot read: the override named, and how to quote it.
+    (["-m", "group=postln,", "depth=2"], ["cannot parse the override 'group=postln,'", "ends where a value",
+                                          "quotes"]),
+    (["group=a=b"], ["cannot parse the override 'group=a=b'", "stops at '='", "quotes"]),
 ])
 def test_bad_input_is_one_clear_line(stabexp_main, args, words):
     r = stabexp_main("run", *args)
@@ -85,3 +89,28 @@ def test_a_sweep_form_with_a_bad_value_is_one_line(stabexp_main, args, words):
     r = stabexp_main("run", "-m", *args)
     one_line_error(r, *words)
     assert r.returncode == 2 and not stabexp_main.outputs.exists()
+
+
+def test_status_of_a_folder_with_no_runs_is_one_line_as_report_s(stabexp_main, tmp_path):
+    (tmp_path / "empty").mkdir()
+    for command in ("status", "report"):
+        r = stabexp_main(command, str(tmp_path / "empty"))
+        assert r.returncode == 2, command
+        one_line_error(r, "no run folders", str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("text", ["hydra: {overrides: {task: [cut", 'hydra:\n  overrides:\n    task: "seed=0,1"\n'])
+def test_a_corrupt_multirun_yaml_invents_no_job(stabexp_main, tmp_path, text):
+    """status over a sweep whose multirun.yaml is not Hydra's record (YAML cut short; a task that
+    is a string, whose characters would read as overrides): the jobs whose folders exist, a note
+    naming the file, and no job made up."""
+    from conftest import TINY
+
+    sweep = tmp_path / "sweep"
+    r = stabexp_main("run", "-m", *TINY, "seed=0,1", f"hydra.sweep.dir={sweep}", "hydra/launcher=basic")
+    assert r.returncode == 0, r.stderr
+    (sweep / "multirun.yaml").write_text(text)
+    r = stabexp_main("status", str(sweep))
+    assert r.returncode == 0
+    assert "multirun.yaml is not a sweep's record" in r.stderr
+    assert "2 runs: 2 completed" in r.stdout

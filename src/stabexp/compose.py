@@ -39,6 +39,19 @@ def sweeps(overrides: List[str]) -> List[str]:
     return [o.input_line for o in parsed if o.is_sweep_override()]
 
 
+def _hydra_reason(err: Exception) -> str:
+    """Hydra's parser error in words: its lexer names tokens ('<EOF>', {ID, ESC, ...})."""
+    import re
+
+    text = str(err).splitlines()[0]
+    found = re.search(r"(?:mismatched|extraneous) input '(.*?)'", text)
+    if found is None:
+        return text
+    if found.group(1) == "<EOF>":
+        return "it ends where a value was expected"
+    return f"Hydra's parser stops at {found.group(1)!r}"
+
+
 def _refuse_a_key_given_twice(parsed) -> None:
     """Hydra keeps the last of two overrides of one key and drops the first without a word: a
     plain value given again is replaced (what a script that appends to a command relies on), but
@@ -81,7 +94,19 @@ def sweep_cells(overrides: List[str], multirun: bool, config_dirs: List[Path] = 
             if tilde is not None:  # the shell leaves a ~ after `key=` alone, and Hydra refuses it
                 raise ConfigError(f"{tilde}: Hydra cannot read '~' in a value: write the path out "
                                   f"(for example $HOME/...)") from None
-            raise ConfigError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
+            bad = next((line for line in lines if not _parses(parser, line)), None)
+            if bad is None:
+                raise ConfigError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
+            raise ConfigError(f"cannot parse the override {bad!r}: {_hydra_reason(err)}; a value with a space, "
+                              f"'=', ',' or a bracket of its own goes in quotes, as in 'key=\"a b\"' (and a sweep's "
+                              "values are separated by commas with no comma after the last)") from None
+
+    def _parses(parser, line) -> bool:
+        try:
+            parser.parse_overrides([line])
+            return True
+        except Exception:
+            return False
 
     # The user's config folders, as Hydra adds --config-dir to its search path.
     searchpath = ([f"hydra.searchpath=[{','.join('file://' + str(d) for d in config_dirs)}]"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -70,6 +71,8 @@ def expected_jobs(sweep: Path) -> List[str]:
         return []
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    if multirun_problem(path) is not None:
+        return []
     hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra", {})
     task = list(hydra.get("overrides", {}).get("task") or [])
     try:
@@ -85,6 +88,27 @@ def expected_jobs(sweep: Path) -> List[str]:
     except Exception:  # glob() needs the config loader, intervals a sampling sweeper: list what exists
         return []
     return [run_name(list(combo)) for combo in itertools.product(*values)]
+
+
+def multirun_problem(path: Path) -> Optional[str]:
+    """Why a multirun.yaml is not a sweep's record Hydra wrote (its hydra.overrides.task a list
+    of override strings, its sweeper's params a mapping); None when it is one."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as err:
+        return f"it cannot be read as YAML ({str(err).splitlines()[0][:60]})"
+    hydra = data.get("hydra") if isinstance(data, dict) else None
+    if not isinstance(hydra, dict):
+        return "it holds no hydra: mapping"
+    overrides = hydra.get("overrides") or {}
+    task = overrides.get("task") if isinstance(overrides, dict) else None
+    params = (hydra.get("sweeper") or {}).get("params") if isinstance(hydra.get("sweeper") or {}, dict) else None
+    if not isinstance(overrides, dict) or not (task is None or isinstance(task, list) and
+                                               all(isinstance(t, str) for t in task)):
+        return "its hydra.overrides.task is not a list of overrides"
+    if params is not None and not isinstance(params, dict):
+        return "its hydra.sweeper.params is not a mapping"
+    return None
 
 
 def sweep_states(sweep: Path) -> List[Dict]:
@@ -123,6 +147,15 @@ def main(argv: List[str]) -> int:
         return folder
     if (folder / "summary.json").exists() or (folder / "config.yaml").exists():
         print(format_states(folder.parent, [run_state(folder)]))
-    else:
-        print(format_states(folder, sweep_states(folder)))
+        return 0
+    problem = multirun_problem(folder / "multirun.yaml") if (folder / "multirun.yaml").exists() else None
+    if problem is not None:  # the jobs it would name are unknown: those whose folders exist are listed
+        print(f"stabexp: note: {folder / 'multirun.yaml'} is not a sweep's record ({problem}): the run folders "
+              "there are listed, and jobs not yet started are not", file=sys.stderr)
+    states = sweep_states(folder)
+    if not states:  # as `stabexp report` says of such a folder
+        print(f"stabexp: error: no run folders (summary.json) or sweep (multirun.yaml) under {folder}",
+              file=sys.stderr)
+        return 2
+    print(format_states(folder, states))
     return 0
