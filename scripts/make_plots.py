@@ -66,4 +66,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except OSError as err:  # a read-only or forbidden folder: one line, as the stabexp commands say it
+        from stabexp.errors import cannot_write
+
+        if cannot_write(err) is None:
+            raise
+        print(f"make_plots.py: error: {cannot_write(err)}", file=sys.stderr)
+        sys.exit(1)

@@ -414,3 +414,36 @@ def test_a_row_cut_short_is_left_out_with_a_warning_not_read_as_whole(tmp_path, 
     (tmp_path / "summary.json").write_text(json.dumps({"status": "completed"}))
     assert api._csv(tmp_path / "metrics.csv").step.tolist() == [1, 2]  # what load_run reads
     assert read_run_table(tmp_path / "absent.csv").empty
+
+
+def test_a_read_only_folder_is_one_line_for_a_run_a_sweep_and_a_record(stabexp_main, tmp_path, monkeypatch):
+    """A run or sweep folder that is there but cannot be written (a read-only mount; os.access
+    says so, as it does for root too) is refused before Hydra writes into it; a file the claims
+    command cannot write is one line naming it, exit 1: never a traceback."""
+    import errno
+    import os
+
+    from conftest import TINY
+
+    done = stabexp_main("run", *TINY, f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 0, done.stderr
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if str(path).startswith(str(tmp_path / "ro"))
+                        else real_access(path, mode, *a, **k))
+    (tmp_path / "ro").mkdir()
+    for args, what in (([f"hydra.run.dir={tmp_path / 'ro'}"], "run folder"),
+                       (["-m", "seed=0,1", f"hydra.sweep.dir={tmp_path / 'ro'}"], "sweep folder")):
+        r = stabexp_main("run", *TINY, *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert f"cannot write in the {what} {tmp_path / 'ro'}: it is read-only here" in r.stderr
+    assert not any((tmp_path / "ro").iterdir())
+
+    import stabexp.claims.measures as measures
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / ".ev.csv.part"))
+    monkeypatch.setattr(measures, "write_atomic", read_only, raising=False)
+    monkeypatch.setattr(measures, "write_recorded", read_only)
+    r = stabexp_main("claims", str(tmp_path), "--record", str(tmp_path / "ev.csv"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot write {tmp_path / '.ev.csv.part'}: Read-only file system" in r.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -276,3 +277,8 @@ def make_folder(path: Path, what: str = "run folder") -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"cannot create the {what} {path}: {err.strerror or err}") from None
+    # One that is there but cannot be written (a read-only disk or mount, no permission): the
+    # run's files, the sweep's multirun.yaml, a checkpoint would each fail later as a traceback.
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write in the {what} {path}: it is read-only here; give a folder you can "
+                          "write (STABEXP_OUTPUTS, hydra.run.dir or hydra.sweep.dir)")

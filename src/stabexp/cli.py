@@ -96,6 +96,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise
             stdout_closed()
             return 0
+        except OSError as err:
+            from stabexp.errors import cannot_write
+
+            line = cannot_write(err)
+            if line is None:
+                raise
+            print(f"stabexp: error: {line}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             # Ctrl-C outside a run's steps (Hydra composing, a second Ctrl-C, a report): one line,
             # and the shell's code for SIGINT. A run between steps checkpoints and says so itself.

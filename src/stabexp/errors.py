@@ -1,6 +1,20 @@
 """The user errors every layer can raise: each is printed as one line (exit code 2), never as a
-traceback. A module of its own, importing nothing, so that data/, train/ and config.py can all
+traceback. A module of its own, importing nothing of stabexp, so that data/, train/ and config.py can all
 raise them without importing each other."""
+
+import errno
+
+# A file the command must write that this process may not: a read-only disk or mount, no
+# permission. The machine's state, said in one line (`cannot_write`), never a traceback.
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def cannot_write(err: OSError):
+    """The one line for an OSError that is a file this process may not write, else None."""
+    if err.errno not in NOT_WRITABLE:
+        return None
+    return (f"cannot write {err.filename or 'a file'}: {err.strerror or err}; give a folder this user can write "
+            "(STABEXP_OUTPUTS, hydra.run.dir, hydra.sweep.dir, the command's own path)")
 
 
 class ConfigError(ValueError):
