@@ -377,6 +377,64 @@ def test_an_attention_that_adds_to_its_scores_what_its_arguments_do_not_say_is_l
     assert "LlamaAttention" in summary["unobserved_attention"]
 
 
+def test_an_attention_that_departs_from_its_arguments_later_is_said_when_it_does(tmp_path, monkeypatch, caplog):
+    """A term of the scores that is zero at first and grows later (a zero-initialised bias of the
+    model's own): its cells are filled while the record matches the model's attention, empty from
+    the probe pass where it no longer does, and the line is said then, once."""
+    from transformers.models.llama import modeling_llama
+
+    eager, lean = modeling_llama.eager_attention_forward, {"on": 0.0}
+
+    def biased(module, query, key, value, attention_mask, **kwargs):
+        bias = torch.zeros(key.shape[-2])
+        bias[0] = lean["on"]
+        return eager(module, query, key, value, attention_mask + bias, **kwargs)
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", biased)
+    model = _llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level("WARNING", logger="stabexp"):
+        monitor = Monitor(model, {"input_ids": _tokens(2, T, seed=1)}, tmp_path / "later", optimizer=optimizer,
+                          steps=3, first_steps=3)
+        for step, tokens in enumerate([_tokens(2, T), _tokens(2, T, seed=3), _tokens(2, T, seed=4)], start=1):
+            lean["on"] = 3.0 if step >= 2 else 0.0
+            model(input_ids=tokens, labels=tokens).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            monitor.step()
+    summary = monitor.close()
+    rows = pd.read_csv(tmp_path / "later" / "layers.csv")
+    attention = rows[rows.param.isna() & (rows.sublayer == "self_attn")]
+    assert attention[attention.step <= 1].max_attn_logit.notna().all()
+    assert attention[attention.step >= 2].max_attn_logit.isna().all()
+    lines = [r.getMessage() for r in caplog.records if "max_attn_logit is empty" in r.getMessage()]
+    assert len(lines) == 1 and "LlamaAttention" in lines[0] and "LlamaAttention" in summary["unobserved_attention"]
+
+
+def test_an_empty_cell_is_on_the_device_of_the_attention_it_stands_for():
+    """A NaN for a refused or unobserved attention is made where the recorded values live, so that
+    the probe's stack of them works on a GPU as on the CPU (a meta tensor stands in here)."""
+    from stabexp.probes.observed_attention import ObservedAttention
+
+    observed = ObservedAttention(nn.Linear(2, 2))
+    module = nn.Linear(2, 2, device="meta")
+    observed.refuse(module, torch.zeros(1, device="meta"), "a reason")
+    assert observed.seen[module].device.type == "meta"
+    assert observed.largest(nn.Linear(2, 2, device="meta"))().device.type == "meta"
+
+
+def test_gpt2_with_reorder_and_upcast_attn_is_not_observed_and_says_why(tmp_path, caplog):
+    """GPT-2's reorder_and_upcast_attn runs its own fp32-upcast attention outside the interface,
+    which the probe pass would replace by plain eager: its logit column is empty, said in one line."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32,
+                                       reorder_and_upcast_attn=True))
+    with caplog.at_level("WARNING", logger="stabexp"):
+        Monitor(model, _tokens(2, T), tmp_path / "upcast", steps=1).close()
+    rows = pd.read_csv(tmp_path / "upcast" / "layers.csv")
+    assert rows.max_attn_logit.isna().all()
+    assert any("reorder_and_upcast_attn" in r.getMessage() for r in caplog.records)
+
+
 def test_a_model_whose_attention_is_not_observable_leaves_the_column_empty_and_says_why(tmp_path, caplog):
     """DeBERTa-v2 (disentangled relative attention, computed outside transformers' attention
     interface): every other column is written, max_attn_logit is empty, and one line says why."""

@@ -229,10 +229,12 @@ class Monitor:
             if optimizer is not None and hook_optimizer else None
 
     def _say_which_attention_is_unobserved(self) -> None:
-        """After the first probe pass: where some attention logits cannot be read from the attention
-        the model runs, max_attn_logit is empty there; one line says why, and summary.json keeps it."""
+        """After a probe pass: where some attention logits cannot be read from the attention the
+        model runs (from the first pass on, or from a later one: a term of its scores that grows
+        from zero), max_attn_logit is empty there; one line says why, when it is new, and
+        summary.json keeps it."""
         unobserved = getattr(self.adapter, "unobserved_attention", lambda: None)()
-        if unobserved:
+        if unobserved and unobserved != self.summary.get("unobserved_attention"):
             log.warning("max_attn_logit is empty where the attention is not observed: %s (docs/probes.md, "
                         "'Attention logits')", unobserved)
             self.summary["unobserved_attention"] = unobserved
@@ -276,7 +278,9 @@ class Monitor:
         self._arm(step + 1)
         if not self.probes.due(step, probing) and not self.is_eval_step(step):
             return None
-        return self._write(step, self.lr, loss, self.probes.measure(step, probing))
+        row = self._write(step, self.lr, loss, self.probes.measure(step, probing))
+        self._say_which_attention_is_unobserved()
+        return row
 
     def _arm(self, step: int) -> None:
         """Keep the gradients of the backward passes of `step` where it is a step to probe."""

@@ -18,8 +18,13 @@ attention weights (the eager function returns them): where softmax of the record
 differs from them, the model applies something to its scores that the call's arguments do not
 say (an attention sink, a bias folded in elsewhere), and the logit is NaN (an empty cell), with
 the reason kept in `ObservedAttention.unobserved`. So is an attention that does not go through
-the interface (DeBERTa-v2, Bloom, MPT, Falcon with ALiBi, GPT-2's reorder_and_upcast_attn):
-it records nothing.
+the interface (DeBERTa-v2, Bloom, MPT) records nothing, and GPT-2 with reorder_and_upcast_attn, whose
+fp32-upcast attention the interface would replace by plain eager, is not observed
+(`why_not_observable`). Falcon's ALiBi is folded into the mask it passes, and is in the number.
+
+The record costs the probe pass an eager attention's scores and a few copies of them per batch
+element at a time (B h T S elements each, one element of the batch after another): at a long
+probe sequence, a short or small probe batch keeps it in memory.
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ def why_not_observable(model: nn.Module) -> Optional[str]:
     if can is not None and not can():
         return (f"{type(model).__name__} does not dispatch its attention through transformers' attention "
                 "interface")
+    if getattr(getattr(model, "config", None), "reorder_and_upcast_attn", False):
+        return ("its config's reorder_and_upcast_attn runs GPT-2's own fp32-upcast attention, which the "
+                "interface's would replace")
     return None
 
 
@@ -82,7 +90,7 @@ def _observed_attention(module, query, key, value, attention_mask, *args, **kwar
     if observer is not None and not args:
         observer.record(module, query, key, attention_mask, weights, kwargs)
     elif observer is not None:
-        observer.refuse(module, "its attention function is called with positional options")
+        observer.refuse(module, query, "its attention function is called with positional options")
     return output, weights
 
 
@@ -130,16 +138,21 @@ class ObservedAttention:
 
     def record(self, module, query, key, attention_mask, weights, options) -> None:
         if options.get("s_aux") is not None:
-            return self.refuse(module, "its softmax has an attention sink (s_aux) beside the keys")
-        logits, kept = attention_logits_seen(query, key, attention_mask, options)
-        why = _differs_from(logits, kept, weights)
-        if why is not None:
-            return self.refuse(module, why)
-        self.seen[module] = logits.masked_fill(~kept, float("-inf")).amax().float()
+            return self.refuse(module, query, "its softmax has an attention sink (s_aux) beside the keys")
+        # One batch element at a time: a few copies of its scores, not of the whole batch's.
+        largest = []
+        for b in range(query.shape[0]):
+            one = {**options, "position_bias": _row(options.get("position_bias"), b)}
+            logits, kept = attention_logits_seen(query[b:b + 1], key[b:b + 1], _row(attention_mask, b), one)
+            why = _differs_from(logits, kept, None if weights is None else weights[b:b + 1])
+            if why is not None:
+                return self.refuse(module, query, why)
+            largest.append(logits.masked_fill(~kept, float("-inf")).amax())
+        self.seen[module] = torch.stack(largest).amax().float()
 
-    def refuse(self, module, why: str) -> None:
+    def refuse(self, module, like: torch.Tensor, why: str) -> None:
         self.unobserved.setdefault(type(module).__name__, why)
-        self.seen[module] = torch.full((), float("nan"))
+        self.seen[module] = torch.full((), float("nan"), device=like.device)
 
     def largest(self, module: nn.Module) -> Callable:
         """A forward hook's fn ("post" on `module`): the largest logit its last call recorded, NaN
@@ -149,7 +162,8 @@ class ObservedAttention:
             if value is None:
                 self.unobserved.setdefault(type(module).__name__, "its attention does not go through transformers' "
                                                                   "attention interface")
-                return torch.full((), float("nan"))
+                device = next(module.parameters(), torch.empty(0)).device
+                return torch.full((), float("nan"), device=device)
             return value
         return read
 
@@ -183,6 +197,13 @@ def attention_logits_seen(query: torch.Tensor, key: torch.Tensor, attention_mask
     return logits, kept.expand_as(logits) if kept.dim() else kept.expand(logits.shape)
 
 
+def _row(tensor: Optional[torch.Tensor], b: int) -> Optional[torch.Tensor]:
+    """Batch element `b` of a tensor broadcast over the batch (a mask or bias of size 1 there)."""
+    if tensor is None or tensor.dim() == 0:
+        return tensor
+    return tensor[b:b + 1] if tensor.shape[0] > 1 else tensor
+
+
 def _differs_from(logits: torch.Tensor, kept: torch.Tensor, weights: Optional[torch.Tensor]) -> Optional[str]:
     """Why softmax(logits) over the kept pairs is not the model's own attention weights; None if
     it is."""
@@ -190,7 +211,8 @@ def _differs_from(logits: torch.Tensor, kept: torch.Tensor, weights: Optional[to
         return "its eager attention returns no weights to check the record against"
     rows = kept.any(-1, keepdim=True)  # a query with no key to look at (a padded row) is not compared
     probs = torch.softmax(logits.float().masked_fill(~kept, float("-inf")), dim=-1)
-    gap = (probs - weights.float()).abs().masked_fill(~rows, 0).amax().item() if weights.shape == probs.shape else None
+    gap = (probs.sub_(weights).abs_().masked_fill_(~rows, 0).amax().item()
+           if weights.shape == probs.shape else None)
     tolerance = TOLERANCE.get(weights.dtype, HALF_TOLERANCE)
     if gap is None:
         return f"its attention weights are shaped {tuple(weights.shape)}, its logits {tuple(probs.shape)}"
