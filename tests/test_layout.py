@@ -127,3 +127,13 @@ def test_every_module_is_on_the_architecture_page():
             continue
         missing.append(rel.as_posix())
     assert not missing, missing
+
+
+def test_every_package_is_in_what_the_install_ships():
+    """pyproject.toml lists the packages a (non-editable) install ships: every folder of src/
+    holding an __init__.py is among them, or `pip install .` leaves it out."""
+    import tomllib
+
+    shipped = set(tomllib.loads((SRC.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(SRC).parts) for p in SRC.rglob("__init__.py")}
+    assert found <= shipped, found - shipped
