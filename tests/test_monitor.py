@@ -1307,7 +1307,7 @@ def test_a_monitor_whose_start_fails_leaves_no_run_behind(tmp_path):
     cases = [(("notamodel", _tokens(2, T)), {}, "model='notamodel' is not allowed: a torch.nn.Module"),
              ((model, _tokens(2, T)), {"optimizer": "adam"}, "optimizer='adam' is not allowed"),
              ((model, _tokens(2, T)), {"describe": {"depth": "two"}},
-              "describe={'depth': 'two'} is not allowed: summary.json's 'depth' is an int")]
+              "describe={'depth': 'two'} is not allowed: its 'depth' is \"two\", where a run's summary has an int")]
     for args, options, words in cases:
         with pytest.raises(ConfigError, match=re.escape(words)) as refused:
             Monitor(*args, tmp_path / "refused", **options)

@@ -47,7 +47,7 @@ from stabexp.probes.adapters import Adapter, StabexpAdapter, adapter_for
 from stabexp.probes.base import PROBE_BATCH, REFERENCE, STABEXP_MODEL, SUBLAYERS, ProbeContext, ProbeSet
 from stabexp.probes.layers import SublayerStats
 from stabexp.tracking import Trackers
-from stabexp.train.files import SUMMARY, SUMMARY_TYPES, RunLock, RunLocked, write_json
+from stabexp.train.files import SUMMARY, RunLock, RunLocked, summary_problem, write_json
 from stabexp.train.folder import RUN_FILES, clear
 from stabexp.train.recording import Recorder, eval_results
 
@@ -337,18 +337,15 @@ def _short(value) -> str:
 
 
 def _check_describe(describe) -> None:
-    """`describe` is a mapping of summary.json's fields; one whose type a run's summary does not
-    have there ({"depth": "two"}) would make the folder read as unreadable: refused in one line."""
+    """`describe` is a mapping of summary.json's fields; one that makes the summary no run's
+    ({"depth": "two"}: the folder would read as unreadable) is refused in one line."""
     if describe is None:
         return
     if not isinstance(describe, dict):
         raise ConfigError(f"describe={_short(describe)} is not allowed: a dict of summary.json's fields")
-    for key, value in describe.items():
-        kind = SUMMARY_TYPES.get(key)
-        if kind is not None and value is not None and (not isinstance(value, kind) or
-                                                       (kind is int and isinstance(value, bool))):
-            raise ConfigError(f"describe={{{key!r}: {_short(value)}}} is not allowed: summary.json's {key!r} is "
-                              f"a{'n' * (kind is int)} {kind.__name__}")
+    problem = summary_problem(describe)
+    if problem is not None:
+        raise ConfigError(f"describe={_short(describe)} is not allowed: {problem}")
 
 
 def _take_folder(out_dir: Path, overwrite: bool) -> RunLock:

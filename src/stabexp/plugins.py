@@ -257,36 +257,36 @@ def optimiser_factory(name: str, key: Optional[str] = None) -> Callable:
     return _REGISTRIES["optimiser"].get(name, key)
 
 
+def _own_then_named(kind: str, cfg, names, key: str, builtin_named) -> List[type]:
+    """The package's own classes of `kind` that `enabled(cfg)`, then each of `names` (the config
+    list `key`), as listed: each a subclass carrying the name it was given; a built-in named there
+    (`builtin_named(cls)`: the line why it is not allowed, else None) or a name listed twice refused."""
+    reg = _REGISTRIES[kind]
+    found = [reg.get(name) for name, r in reg.table().items() if r.distribution == PACKAGE]
+    found = [cls for cls in found if cls.enabled(cfg)]
+    for name in names:
+        cls = reg.get(name, key)
+        why = builtin_named(cls, reg.table().get(name))
+        if why:
+            raise PluginError(f"{key}={name} is not allowed: {why}")
+        if sum(n == name for n in names) > 1:
+            raise PluginError(f"{key}={name} is not allowed: listed twice")
+        found.append(type(cls.__name__, (cls,), {"name": name, "__module__": cls.__module__}))
+    return found
+
+
 def probes(cfg) -> List[type]:
     """The probe classes a config turns on, in the order a run calls them: the package's own
     whose flag is set (probe.<flag>), then each of probe.extra, named as listed."""
-    reg = _REGISTRIES["probe"]
-    own = [reg.get(name) for name, r in reg.table().items() if r.distribution == PACKAGE]
-    found = [p for p in own if p.enabled(cfg)]
-    for name in cfg.probe.extra:
-        probe = reg.get(name, "probe.extra")
-        if probe.flag is not None:
-            raise PluginError(f"probe.extra={name} is not allowed: a built-in, turned on by probe.{probe.flag}=true")
-        if sum(n == name for n in cfg.probe.extra) > 1:
-            raise PluginError(f"probe.extra={name} is not allowed: listed twice")
-        found.append(type(probe.__name__, (probe,), {"name": name, "__module__": probe.__module__}))
-    return found
+    return _own_then_named("probe", cfg, list(cfg.probe.extra), "probe.extra", lambda probe, _: (
+        f"a built-in, turned on by probe.{probe.flag}=true" if probe.flag is not None else None))
 
 
 def step_hooks(cfg) -> List[type]:
     """The step hook classes a config turns on, in the order a run calls them at each moment: the
     package's own that are `enabled(cfg)`, then each of train.hooks, named as listed."""
-    reg = _REGISTRIES["step_hook"]
-    own = [reg.get(name) for name, r in reg.table().items() if r.distribution == PACKAGE]
-    found = [hook for hook in own if hook.enabled(cfg)]
-    for name in cfg.train.get("hooks", ()) or ():
-        hook = reg.get(name, "train.hooks")
-        if reg.table().get(name) is not None and reg.table()[name].distribution == PACKAGE:
-            raise PluginError(f"train.hooks={name} is not allowed: a built-in, on where its own key turns it on")
-        if sum(n == name for n in cfg.train.hooks) > 1:
-            raise PluginError(f"train.hooks={name} is not allowed: listed twice")
-        found.append(type(hook.__name__, (hook,), {"name": name, "__module__": hook.__module__}))
-    return found
+    return _own_then_named("step_hook", cfg, list(cfg.train.get("hooks", ()) or ()), "train.hooks", lambda _, r: (
+        "a built-in, on where its own key turns it on" if r is not None and r.distribution == PACKAGE else None))
 
 
 def check(kind: str, value: str, key: str) -> Any:

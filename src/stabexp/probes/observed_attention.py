@@ -32,7 +32,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -102,6 +102,7 @@ class ObservedAttention:
         self.model = model
         self.why_not = why_not_observable(model)  # None: observable
         self.seen: Dict[nn.Module, torch.Tensor] = {}
+        self.gaps: Dict[nn.Module, Tuple[torch.Tensor, float]] = {}  # the pass's checks, not read yet
         self.unobserved: Dict[str, str] = {}  # attention class -> why its logits are not recorded
 
     @contextmanager
@@ -139,16 +140,40 @@ class ObservedAttention:
     def record(self, module, query, key, attention_mask, weights, options) -> None:
         if options.get("s_aux") is not None:
             return self.refuse(module, query, "its softmax has an attention sink (s_aux) beside the keys")
-        # One batch element at a time: a few copies of its scores, not of the whole batch's.
-        largest = []
+        if weights is None:
+            return self.refuse(module, query, "its eager attention returns no weights to check the record against")
+        # One batch element at a time: a few copies of its scores, not of the whole batch's. No
+        # value goes to the host here: the check against the weights is settled once per pass
+        # (`settle`), not once per attention and batch element.
+        largest, gaps = [], []
         for b in range(query.shape[0]):
             one = {**options, "position_bias": _row(options.get("position_bias"), b)}
             logits, kept = attention_logits_seen(query[b:b + 1], key[b:b + 1], _row(attention_mask, b), one)
-            why = _differs_from(logits, kept, None if weights is None else weights[b:b + 1])
-            if why is not None:
-                return self.refuse(module, query, why)
+            if weights[b:b + 1].shape != logits.shape:
+                return self.refuse(module, query, f"its attention weights are shaped {tuple(weights.shape)}, "
+                                                  f"its logits {tuple(logits.shape)} a batch element")
+            gaps.append(_gap(logits, kept, weights[b:b + 1]))
             largest.append(logits.masked_fill(~kept, float("-inf")).amax())
-        self.seen[module] = torch.stack(largest).amax().float()
+        gap = torch.stack(gaps).amax()
+        self.gaps[module] = (gap, TOLERANCE.get(weights.dtype, HALF_TOLERANCE))
+        self.seen[module] = torch.where(gap <= self.gaps[module][1], torch.stack(largest).amax().float(),
+                                        torch.full((), float("nan"), device=gap.device))
+
+    def settle(self) -> None:
+        """The checks of the pass's records against the model's weights, read in one transfer: an
+        attention whose softmax of the record departs from its weights is named in `unobserved`
+        (its cell is NaN already)."""
+        if not self.gaps:
+            return
+        modules = list(self.gaps)
+        values = torch.stack([self.gaps[m][0].float() for m in modules]).tolist()
+        for module, gap in zip(modules, values):
+            if not gap <= self.gaps[module][1]:
+                self.unobserved.setdefault(type(module).__name__, (
+                    f"softmax of q.k (scaled, softcapped, plus the bias and mask its attention is called with) "
+                    f"differs from its attention weights by {gap:.1e}: the model applies something more to its "
+                    "scores"))
+        self.gaps = {}
 
     def refuse(self, module, like: torch.Tensor, why: str) -> None:
         self.unobserved.setdefault(type(module).__name__, why)
@@ -204,19 +229,9 @@ def _row(tensor: Optional[torch.Tensor], b: int) -> Optional[torch.Tensor]:
     return tensor[b:b + 1] if tensor.shape[0] > 1 else tensor
 
 
-def _differs_from(logits: torch.Tensor, kept: torch.Tensor, weights: Optional[torch.Tensor]) -> Optional[str]:
-    """Why softmax(logits) over the kept pairs is not the model's own attention weights; None if
-    it is."""
-    if weights is None:
-        return "its eager attention returns no weights to check the record against"
+def _gap(logits: torch.Tensor, kept: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """How far softmax(logits) over the kept pairs is from the model's own attention weights: the
+    largest difference of a probability (0-d, on the device)."""
     rows = kept.any(-1, keepdim=True)  # a query with no key to look at (a padded row) is not compared
     probs = torch.softmax(logits.float().masked_fill(~kept, float("-inf")), dim=-1)
-    gap = (probs.sub_(weights).abs_().masked_fill_(~rows, 0).amax().item()
-           if weights.shape == probs.shape else None)
-    tolerance = TOLERANCE.get(weights.dtype, HALF_TOLERANCE)
-    if gap is None:
-        return f"its attention weights are shaped {tuple(weights.shape)}, its logits {tuple(probs.shape)}"
-    if gap > tolerance:
-        return (f"softmax of q.k (scaled, softcapped, plus the bias and mask its attention is called with) differs "
-                f"from its attention weights by {gap:.1e}: the model applies something more to its scores")
-    return None
+    return probs.sub_(weights).abs_().masked_fill_(~rows, 0).amax()

@@ -36,6 +36,7 @@ class HFAdapter(Adapter):
         """Why some attention logits are empty, in one phrase; None while every attention is observed."""
         if self.observed.why_not is not None:
             return self.observed.why_not
+        self.observed.settle()
         return "; ".join(f"{name}: {why}" for name, why in self.observed.unobserved.items()) or None
 
     def inputs(self, batch) -> Dict[str, Any]:
