@@ -121,6 +121,8 @@ def runs() -> Dict[str, List[str]]:
                                      "probe.dependency=true"],
         "probe/dependency/postln": ["group=postln", *ENCODER_DECODER, "probe.dependency=true"],
         "probe/layer_importance": ["group=preln", *ENCODER_DECODER, "probe.layer_importance=true"],
+        "probe/attention_mixing": ["group=postln", *ENCODER_DECODER, "probe.attention_mixing=true"],
+        "probe/init_distance": ["group=postln_init", *ENCODER_DECODER, "probe.init_distance=true"],
         "probe/weights": ["group=preln", *ENCODER_DECODER, "optim=adamw", "probe.weights=true"],
         # The SMD preset's network and optimisers (conf/experiment/smd.yaml), a few steps.
         "smd/sgdm": ["model=normmlp", "task=teacher", "depth=3", "optim=sgdm", "optim.weight_decay=0.01",

@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from stabexp.model import build_model, initialise
 from stabexp.model.fold import admin_to_postln
-from stabexp.model.transformer import Admin, PostLN, PreLN
+from stabexp.model.placements import Admin, PostLN, PreLN
 from stabexp.probes.at_init import grad_at_init
 from stabexp.probes.dependency import BIAS, decompose, dependency
 from stabexp.train.schedule import lr_factor

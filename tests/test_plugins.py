@@ -17,7 +17,9 @@ import torch.nn.functional as F
 
 from conftest import TINY, cli_command, fail_at_step, one_line_error
 from stabexp import plugins
-from stabexp.model.transformer import PLACEMENTS, Placement, Seq2SeqTransformer, TransformerConfig
+from stabexp.model.placements import PLACEMENTS, Placement
+from stabexp.model.transformer import Seq2SeqTransformer
+from stabexp.model_options import TransformerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugin_layerscale"
@@ -103,7 +105,8 @@ def test_the_layerscale_example_trains_through_the_cli(tmp_path):
 MYLAB = """
     import torch.nn as nn
 
-    from stabexp.model.transformer import Residual, make_norm
+    from stabexp.model.norms import make_norm
+    from stabexp.model.placements import Residual
     from stabexp.model.init import xavier
 
 
@@ -240,7 +243,7 @@ BAD = """
     import torch.nn as nn
 
     from stabexp.data import Task
-    from stabexp.model.transformer import Residual
+    from stabexp.model.placements import Residual
 
 
     def not_a_residual(x):

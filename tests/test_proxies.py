@@ -9,7 +9,8 @@ import torch
 
 from stabexp.analysis import lr_sensitivity, lr_sensitivity_table
 from stabexp.model import build_model
-from stabexp.model.transformer import SelfAttention, explicit_attention, make_norm, softmax_over_keys
+from stabexp.model.norms import make_norm
+from stabexp.model.transformer import SelfAttention, explicit_attention, softmax_over_keys
 from stabexp.probes import LayerProbe, log_z_stats, max_attention_logit
 from stabexp.train.losses import z_loss
 from stabexp.train.optim import build_optimizer

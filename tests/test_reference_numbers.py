@@ -86,7 +86,7 @@ def test_every_group_rule_placement_schedule_and_probe_that_is_off_by_default_ha
     from stabexp.config import SCHEDULES, ProbeConfig
     from stabexp.paths import conf_dir
     from stabexp.model.init import INIT_RULES
-    from stabexp.model.transformer import PLACEMENTS
+    from stabexp.model.placements import PLACEMENTS
 
     used = [_run_values(overrides) for name, overrides in RUNS.items() if not name.startswith("smd/")]
     assert {p.stem for p in (conf_dir() / "group").glob("*.yaml")} <= {u["group"] for u in used}
@@ -194,9 +194,10 @@ def _postln_init_k(monkeypatch):
 
 def _module_init(cls_name: str, then: Callable):
     def patch(monkeypatch):
-        from stabexp.model import transformer
+        from stabexp.model import norms, placements, transformer
 
-        _after_init(monkeypatch, getattr(transformer, cls_name), then)
+        cls = next(getattr(m, cls_name) for m in (norms, placements, transformer) if hasattr(m, cls_name))
+        _after_init(monkeypatch, cls, then)
     return patch
 
 
@@ -206,7 +207,8 @@ def _no_grad_times(tensor):
 
 
 def _dyt_alpha(monkeypatch):
-    from stabexp.model.transformer import DyT, TokenModel
+    from stabexp.model.norms import DyT
+    from stabexp.model.transformer import TokenModel
 
     real = TokenModel._set_dyt_alphas
 

@@ -8,7 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stabexp.model import build_model
-from stabexp.model.transformer import PLACEMENTS, TransformerConfig
+from stabexp.model.placements import PLACEMENTS
+from stabexp.model_options import TransformerConfig
 
 D = 8
 

@@ -15,16 +15,9 @@ from omegaconf import OmegaConf
 
 from stabexp.paths import conf_dir
 from stabexp.model import build_model
-from stabexp.model.transformer import (
-    PLACEMENTS,
-    DyT,
-    Plain,
-    PostLN,
-    PreLN,
-    Sandwich,
-    TransformerConfig,
-    attention_logits,
-)
+from stabexp.model.norms import DyT
+from stabexp.model.placements import PLACEMENTS, Plain, PostLN, PreLN, Sandwich
+from stabexp.model_options import TransformerConfig
 from stabexp.probes.layer_importance import layer_importance
 from stabexp.train.optim import MuonAdamW, branch_matrices, build_optimizer
 from stabexp.train.qk_clip import QKClip

@@ -13,7 +13,8 @@ from stabexp.config import ConfigError, validate
 from stabexp.data import ReverseTask
 from stabexp.model import build_model, initialise
 from stabexp.model.init import admin_closed_form_omega, t_fixup_constants
-from stabexp.model.transformer import NORM_TYPES, DenseHistory, HeadScale, SelfAttention
+from stabexp.model.norms import NORM_TYPES, HeadScale
+from stabexp.model.transformer import DenseHistory, SelfAttention
 from stabexp.train.schedule import lr_factor
 
 WIDE = ["model.d_model=64", "model.ffn_dim=128", "model.n_heads=2"]
@@ -130,7 +131,7 @@ def test_dlcl_starts_from_uniform_averages(make_cfg, n, m):
 
 
 def test_dlcl_combines_the_normalised_outputs_with_its_weights():
-    from stabexp.model.transformer import TransformerConfig
+    from stabexp.model_options import TransformerConfig
 
     c = TransformerConfig(vocab_size=4, d_model=8)
     history = DenseHistory(3, c)

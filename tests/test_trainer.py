@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from stabexp.config import ConfigError
 from stabexp.paths import conf_dir
-from stabexp.model.transformer import PLACEMENTS
+from stabexp.model.placements import PLACEMENTS
 from stabexp.probes import model_update
 from stabexp.train.files import WALL_CLOCK
 from stabexp.train.recording import LAYERS_COLUMNS, METRICS_COLUMNS

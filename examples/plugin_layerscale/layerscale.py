@@ -21,7 +21,8 @@ Run it with the folder on PYTHONPATH (examples/plugin_layerscale/README.md):
 import torch
 import torch.nn as nn
 
-from stabexp.model.transformer import Residual, make_norm
+from stabexp.model.norms import make_norm
+from stabexp.model.placements import Residual
 
 
 def initial_scale(depth: int) -> float:

@@ -104,7 +104,7 @@ class GroupConfig:
     name: str = MISSING
     description: str = ""      # one line for `stabexp list`
     citation: str = ""         # paper (and section) the group reproduces
-    residual: str = MISSING    # a placement's name (model/transformer.py PLACEMENTS) or a dotted
+    residual: str = MISSING    # a placement's name (model/placements.py PLACEMENTS) or a dotted
                                # path to one of your own (docs/plugins.md)
     # An encoder-decoder's stack with a placement of its own (Admin's hybrid table: a Post-LN
     # encoder under a Pre-LN decoder, and the reverse); null: `residual`.
@@ -273,6 +273,12 @@ class ProbeConfig:
     # (probes/update_bound.py), per sublayer at each probe step, into update_bound.csv: Post-LN
     # and DeepNorm placements only.
     update_bound: bool = False
+    # DeepNet's Lemma 1 (probes/attention_mixing.py): each attention's output magnitude against
+    # its values', into attention_mixing.csv at init and at the end.
+    attention_mixing: bool = False
+    # Each sublayer's ||W_t - W_0|| / ||W_0|| (probes/init_distance.py) in layers.csv at the probe
+    # steps; keeps a copy of the weights at init (in the checkpoints too).
+    init_distance: bool = False
     # Probes of one's own or of another package (docs/probes.md), by registered name or dotted
     # path module.Class: each a stabexp.probes.base.Probe, run beside the built-ins above.
     extra: List[str] = field(default_factory=list)

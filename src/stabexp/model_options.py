@@ -1,15 +1,15 @@
-"""The options of a model that a user sets (conf/model/*.yaml), defined once: the config schema
-(stabexp.config.ModelConfig) adds which preset and architecture they belong to, the model
-(model/transformer.py TransformerConfig) what a run derives for it (vocabulary, depths,
-placement, DeepNorm's alpha, positions, padding). It imports nothing, so that reading the
-config does not import torch."""
+"""The options of a model: those a user sets (conf/model/*.yaml, `ModelOptions`), defined once,
+and the model's own config (`TransformerConfig`), which adds what a run derives for it
+(vocabulary, depths, placement, DeepNorm's alpha, positions, padding). The config schema
+(stabexp.config.ModelConfig) adds to the first which preset and architecture they belong to.
+It imports nothing, so that reading the config does not import torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Optional
 
-# The norm kinds model.norm and group.norm name, each built by model/transformer.py's make_norm.
+# The norm kinds model.norm and group.norm name, each built by model/norms.py's make_norm.
 NORMS = ("layernorm", "rmsnorm", "dyt")
 
 
@@ -37,3 +37,28 @@ class ModelOptions:
 def model_options(model_cfg) -> dict:
     """The ModelOptions fields of a composed `model` config, by name."""
     return {f.name: model_cfg[f.name] for f in fields(ModelOptions)}
+
+
+@dataclass(kw_only=True)
+class TransformerConfig(ModelOptions):
+    """ModelOptions (d_model, ffn_dim, n_heads, norm, dropout, qk_norm: stabexp/model_options.py,
+    the options a user sets) plus what a run derives for the model:"""
+
+    vocab_size: int            # shared source/target vocabulary (embeddings tied with the output)
+    encoder_layers: int = 6    # N
+    decoder_layers: int = 6    # M
+    residual: str = "postln"   # a placement name (PLACEMENTS) or dotted path: that of every stack...
+    encoder_residual: Optional[str] = None  # ... unless a stack has its own (Admin's hybrids,
+    decoder_residual: Optional[str] = None  # e.g. a Post-LN encoder under a Pre-LN decoder)
+    encoder_alpha: float = 1.0  # DeepNorm's residual scale alpha for the encoder stack
+    decoder_alpha: float = 1.0  # ... and for the decoder stack
+    max_len: int = 512         # positions covered by the sinusoidal table
+    pad_id: Optional[int] = None  # padding token of variable-length batches; None: no masks
+    mix_ratio: float = 0.25    # Mix-LN: the share a of the layers (the bottom floor(a L)) that are Post-LN
+    input_scale: bool = False  # a per-dimension scale on each stack's input: what a Post-LN model
+                               # folded from Admin keeps of the first omega (model/fold.py)
+
+    def placement(self, stack: str) -> str:
+        """The placement name of `stack` ("encoder" or "decoder")."""
+        own = self.encoder_residual if stack == "encoder" else self.decoder_residual
+        return own if own is not None else self.residual

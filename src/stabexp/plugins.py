@@ -20,7 +20,7 @@ and caches the plug-in, or the refusal. Every lookup of a config value goes thro
 model, the task table, the optimiser table and `config.validate`), so a plug-in is checked as a
 built-in is, when the config is validated, and refused with the same one-line error.
 
-What each kind accepts is decided beside the kind (model/transformer.py, model/init.py, data/,
+What each kind accepts is decided beside the kind (model/placements.py, model/init.py, data/,
 train/optim.py) and named here by reference, as an entry point names its object: those modules
 look their plug-ins up through this one, so importing them here would be an import cycle.
 """
@@ -205,9 +205,9 @@ class Registry:
 # (or refuses it); `verify` checks a plug-in of another package once, on a tiny model.
 _REGISTRIES: Dict[str, Registry] = {
     "placement": Registry(
-        "placement", "stabexp.placements", "group.residual", "stabexp.model.transformer:PLACEMENTS",
+        "placement", "stabexp.placements", "group.residual", "stabexp.model.placements:PLACEMENTS",
         "a Residual subclass or Placement", "module.Class",
-        accept="stabexp.model.transformer:as_placement", verify="stabexp.model:check_placement"),
+        accept="stabexp.model.placements:as_placement", verify="stabexp.model:check_placement"),
     "init": Registry(
         "init rule", "stabexp.inits", "group.init", "stabexp.model.init:INIT_RULES",
         "a function (model, batch) -> dict of the constants it resolved", "module.function",
@@ -237,7 +237,7 @@ def registry(kind: str) -> Registry:
 
 
 def placement(name: str, key: Optional[str] = None):
-    """The Placement (model/transformer.py) that a placement name or dotted path names."""
+    """The Placement (model/placements.py) that a placement name or dotted path names."""
     return _REGISTRIES["placement"].get(name, key)
 
 

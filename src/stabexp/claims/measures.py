@@ -207,6 +207,54 @@ def _top_gradient(layers: pd.DataFrame) -> List[pd.DataFrame]:
     return [mean.rename("value").reset_index().assign(measure="decoder_top_grad_mean")]
 
 
+# DeepNet's account of Post-LN without Post-LN-init (v1 Sec. 3, Fig. 3(c), 4(a)): the decoder's top
+# layers settle while the lower stay poorly trained. A layer has settled at the first probe step
+# where its distance from init reaches this share of its final distance.
+SETTLED = 0.8
+
+
+def _settling(layers: pd.DataFrame) -> List[pd.DataFrame]:
+    """Per run, from each decoder layer's distance from init (probe.init_distance, the mean over its
+    sublayers): its lower third's final distance over its top third's
+    (`decoder_low_over_top_distance`), and the top third's mean step of settling over the lower
+    third's (`decoder_top_over_low_settle`, below 1 where the top settles first)."""
+    if layers.empty or "init_distance" not in layers:
+        return []
+    rows = layers[layers["stack"] == "decoder"]
+    if "param" in rows:
+        rows = rows[rows.param.isna()]
+    rows = rows.assign(d=pd.to_numeric(rows.init_distance, errors="coerce")).dropna(subset=["d"])
+    per_layer = rows.groupby(["run", "layer", "step"]).d.mean().reset_index()
+    out = []
+    for run, r in per_layer.groupby("run"):
+        n = int(r.layer.max())
+        if n < 3 or r.step.max() <= 0:
+            continue
+        third = n // 3
+        final = r[r.step == r.step.max()].set_index("layer").d
+        settled = {layer: float(q[q.d >= SETTLED * final[layer]].step.min()) for layer, q in r.groupby("layer")}
+        low, top = range(1, third + 1), range(n - third + 1, n + 1)
+        out.append({"run": run, "measure": "decoder_low_over_top_distance",
+                    "value": float(final[list(low)].mean() / final[list(top)].mean())})
+        out.append({"run": run, "measure": "decoder_top_over_low_settle",
+                    "value": float(np.mean([settled[k] for k in top]) / np.mean([settled[k] for k in low]))})
+    return [pd.DataFrame(out)] if out else []
+
+
+def _lemma1(mixing: pd.DataFrame) -> List[pd.DataFrame]:
+    """DeepNet's Lemma 1 (probe.attention_mixing), per run, over its attention sublayers: the
+    largest gain (output against a typical input) at init and at the end, the largest bound
+    (output against the largest input) over both, and the largest mean peak weight at the end."""
+    if mixing.empty:
+        return []
+    end = mixing.groupby("run").step.transform("max")
+    at_init, at_end = mixing[mixing.step == 0], mixing[(mixing.step == end) & (mixing.step > 0)]
+    return [_per_run(at_init.groupby("run").gain.max().reset_index(), "gain", "attention_gain_max@init"),
+            _per_run(at_end.groupby("run").gain.max().reset_index(), "gain", "attention_gain_max@end"),
+            _per_run(mixing.groupby("run").bound.max().reset_index(), "bound", "attention_bound_max"),
+            _per_run(at_end.groupby("run").peak.max().reset_index(), "peak", "attention_peak_max@end")]
+
+
 def _spread_over_sublayers(layers: pd.DataFrame, step: int = 30) -> List[pd.DataFrame]:
     """Admin Sec. 3 (Adam evens out the updates), per run at `step`: log10(largest / smallest) over
     every residual sublayer of both stacks of its gradient norm and of its relative update."""
@@ -389,6 +437,7 @@ def measures(tables) -> pd.DataFrame:
     parts += _at_init(tables["metrics"], tables["layers"])
     parts += _decoder_early(tables["layers"]) + _spread_over_sublayers(tables["layers"]) + _clinic(tables["layers"])
     parts += _vanishing(tables["layers"]) + _dependency(tables["dependency"])
+    parts += _settling(tables["layers"]) + _lemma1(tables["attention_mixing"])
     parts += _late_probes(tables)
     parts = [p for p in parts if not p.empty]
     if not parts:

@@ -109,6 +109,17 @@ def warmup_in_effect(recipe: str, step: int, group: str = "postln_warmup", remed
                  guards=guards, remedy=remedy)
 
 
+def past_warmup(recipe: str, group: str, times: float = 2.0, remedy: str = "", guards=EVERY_VERDICT) -> Check:
+    """A rule about where training settles reads runs that went on for `times` their warm-up."""
+    def reading(ev: Evidence):
+        train = preset(recipe, f"group={group}").train
+        steps, warmup = int(train.steps), int(train.warmup_steps)
+        return steps >= times * warmup, f"{group}: {steps} updates against a {warmup}-update warm-up"
+    return Check("past the warm-up",
+                 f"{group}'s runs go on for at least {times:g} times their warm-up, so that where its layers settle "
+                 "is read after the lr's peak, not while it still rises", reading, guards=guards, remedy=remedy)
+
+
 # --- converged ----------------------------------------------------------------------------
 
 # What meets "converged" for the Multi30k recipe's 1000-update runs, and what it costs.
@@ -191,6 +202,28 @@ def some_run_diverges(recipe: str, settings, remedy: str = "") -> Check:
                  "budget's, not the instability's)", reading, remedy=remedy)
 
 
+# --- attention away from uniform -------------------------------------------------------------
+
+# A softmax with half its weight on one key: there the output's magnitude is that of the few values
+# it picks, which may be larger than a typical one; under near-uniform weights the output is an
+# average and ||mean v|| <= mean ||v|| whatever the values (the triangle inequality).
+PEAKED = 0.5
+
+
+def attention_peaked(recipe: str, groups: Sequence[str], depth: int, remedy: str = "") -> Check:
+    def reading(ev: Evidence):
+        runs = ev.runs(recipe=recipe, group=list(groups), depth=depth)
+        if runs.empty or "attention_peak_max@end" not in runs or runs["attention_peak_max@end"].isna().all():
+            return None, "the runs do not record the attention's weights at the end (probe.attention_mixing)"
+        peak = runs["attention_peak_max@end"].dropna()
+        return bool((peak >= PEAKED).all()), (f"largest mean top weight of an attention sublayer at the end: "
+                                              f"{peak.min():.3g}-{peak.max():.3g} over {len(peak)} runs")
+    return Check("attention peaked",
+                 f"at the end, in every run, some attention sublayer puts on average at least {PEAKED:g} of a query's "
+                 "weight on one key: only a softmax away from uniform can give an output larger than a typical "
+                 "input, so only there could the lemma fail", reading, guards=(HOLDS,), remedy=remedy)
+
+
 # --- spherical motion dynamics: the theorems' assumption and the probes' resolution ----------
 
 # E||g~||^2 may move by no more than this |ln| between the approach and equilibrium: the squared
@@ -209,7 +242,7 @@ def smd_stationary(recipe: str, settings, optimisers=("sgd", "sgdm"), remedy: st
         drift = runs.smd_scale_drift.dropna()
         parts = [f"{o}: {drift[with_setting(runs.loc[drift.index], 'optim', o).index].max():.3g}"
                  for o in optimisers if len(with_setting(runs.loc[drift.index], "optim", o))]
-        return bool((drift <= SCALE_DRIFT).all()), (f"largest |ln| of E‖g̃‖² over the approach against equilibrium "
+        return bool((drift <= SCALE_DRIFT).all()), ("largest |ln| of E‖g̃‖² over the approach against equilibrium "
                                                     + ", ".join(parts) + f" (at most {SCALE_DRIFT:.3f} in "
                                                     f"{int((drift <= SCALE_DRIFT).sum())} of {len(drift)} runs)")
     return Check("stationary",
@@ -242,5 +275,5 @@ def not_this_quantity(what: str, instead: str) -> Check:
 
 
 __all__ = ["preset", "update_ceiling", "room_for_ratio", "room_for_growth", "judged_updates", "warmup_in_effect",
-           "converged", "control", "some_run_learns", "some_run_diverges",
+           "past_warmup", "attention_peaked", "PEAKED", "converged", "control", "some_run_learns", "some_run_diverges",
            "smd_stationary", "smd_resolved", "not_this_quantity", "WARMUP_SHARE", "SCALE_DRIFT", "MULTI30K_LONGER"]

@@ -1,5 +1,6 @@
-"""The encoder-decoder Transformer (transformer.py), the decoder-only and encoder-only models
-(lm.py), their named init rules (init.py); the normalised network of the SMD study (normmlp.py).
+"""The encoder-decoder Transformer (transformer.py, with the residual placements of placements.py
+and the norms of norms.py), the decoder-only and encoder-only models (lm.py), their named init
+rules (init.py); the normalised network of the SMD study (normmlp.py).
 Placements and init rules are looked up by name or dotted path through stabexp.plugins."""
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from stabexp.errors import ConfigError
 from stabexp.model.init import INIT_RULES, deepnorm_constants, initial_scalars
 from stabexp.model.lm import SINGLE_STACK, LanguageModel
 from stabexp.model.normmlp import NormMLP, NormMLPConfig
-from stabexp.model.transformer import NORM_TYPES, PostLN, Residual, Seq2SeqTransformer, TransformerConfig
+from stabexp.model.norms import NORM_TYPES
+from stabexp.model.placements import PostLN, Residual
+from stabexp.model.transformer import Seq2SeqTransformer
 from stabexp.config import model_norm
-from stabexp.model_options import model_options
+from stabexp.model_options import TransformerConfig, model_options
 
 
 def build_model(cfg, vocab_size: int, pad_id: Optional[int] = None, max_positions: int = 512):

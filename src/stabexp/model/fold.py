@@ -24,7 +24,8 @@ from typing import Dict, List
 
 import torch
 
-from stabexp.model.transformer import Admin, CrossAttention, FeedForward, SelfAttention
+from stabexp.model.placements import Admin
+from stabexp.model.transformer import CrossAttention, FeedForward, SelfAttention
 
 
 def _input_projections(branch) -> List[torch.Tensor]:

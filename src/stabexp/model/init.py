@@ -20,7 +20,9 @@ import torch
 import torch.nn as nn
 
 from stabexp import plugins
-from stabexp.model.transformer import NORM_TYPES, Residual, Seq2SeqTransformer
+from stabexp.model.norms import NORM_TYPES
+from stabexp.model.placements import Residual
+from stabexp.model.transformer import Seq2SeqTransformer
 from stabexp.modes import train_mode
 
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -338,7 +340,8 @@ def initial_scalars(model: Seq2SeqTransformer) -> Dict:
     """The learnable scalars a placement starts from, read off the built model: ReZero's alpha,
     Fixup's shifts and scales, NormFormer's head scales, DLCL's combination weights (row l: the
     weight of each output below layer l + 1, uniform)."""
-    from stabexp.model.transformer import DenseHistory, HeadScale, Scale, Shift
+    from stabexp.model.norms import HeadScale, Scale, Shift
+    from stabexp.model.transformer import DenseHistory
 
     def whole(p: torch.Tensor) -> torch.Tensor:  # a sharded parameter (FSDP) gathered; they are small
         return p.full_tensor() if hasattr(p, "full_tensor") else p

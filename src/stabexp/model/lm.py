@@ -18,13 +18,9 @@ import torch
 import torch.nn as nn
 
 from stabexp import plugins
-from stabexp.model.transformer import (
-    DenseHistory,
-    EncoderLayer,
-    Residual,
-    TokenModel,
-    TransformerConfig,
-)
+from stabexp.model.placements import Residual
+from stabexp.model.transformer import DenseHistory, EncoderLayer, TokenModel
+from stabexp.model_options import TransformerConfig
 
 # model.arch values of the single-stack models, and the stack each one names its layers by.
 SINGLE_STACK = {"decoder_only": "decoder", "encoder_only": "encoder"}

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from stabexp.probes.builtin import PROBES
 from stabexp.train.files import find_runs, read_run_table, read_summary, summary_file_problem
 
 log = logging.getLogger("stabexp")
@@ -20,9 +21,9 @@ log = logging.getLogger("stabexp")
 # Identify a run in every table; `sweep` is the folder that holds the run folder.
 RUN_COLUMNS = ["run", "sweep", "experiment", "scale", "group", "depth", "decoder_depth", "seed",
                "model", "status"]
-# The per-run files read into a table of the same name (without .csv); the last three exist only
-# when their probe is on (probe.dependency, probe.update_bound, probe.layer_importance).
-RUN_FILES = ("metrics", "layers", "dependency", "update_bound", "layer_importance")
+# The per-run files read into a table of the same name (without .csv): every run's two, and each
+# built-in probe's own files (probes/builtin.py), which exist only when its probe is on.
+RUN_FILES = ("metrics", "layers", *(name.removesuffix(".csv") for probe in PROBES.values() for name in probe.files))
 # Reference losses a task records in summary.json's "data": the unigram model's (task=lm), and
 # the symbol tasks' rules that stop short of the task (data/symbols.py rule_losses).
 DATA_REFERENCES = ("unigram_eval_loss", "source_counts_eval_loss", "source_counts_eval_acc",
@@ -43,7 +44,8 @@ def collect(outputs: Path) -> Tables:
     """{"runs": one row per run, "metrics": per run and step, "layers": per run, step, sublayer,
     "dependency": per run, step, sublayer and component (probe.dependency), "update_bound": per
     run, step and sublayer (probe.update_bound), "layer_importance": per run, step and layer
-    (probe.layer_importance)} of every run folder under `outputs` (or of
+    (probe.layer_importance), "attention_mixing": per run, step and attention sublayer
+    (probe.attention_mixing)} of every run folder under `outputs` (or of
     `outputs` itself when it is a run folder)."""
     outputs = Path(outputs)
     root = outputs.parent if (outputs / "summary.json").is_file() else outputs

@@ -35,9 +35,8 @@ NEEDS = (SUBLAYERS, PROBE_BATCH, REFERENCE, TASK, STABEXP_MODEL)
 # shards, and only a probe that says how to combine them runs.
 REPLICATED = "replicated"        # from whole weights outside the gathered passes: not under FSDP
 SUM_OF_SQUARES = "sum_of_squares"  # norms from the local shards, squared sums added over ranks
-MAX = "max"                      # a largest value, the max over ranks
 GATHER = "gather"                # every rank's values (or shards) gathered
-COMBINE = (REPLICATED, SUM_OF_SQUARES, MAX, GATHER)
+COMBINE = (REPLICATED, SUM_OF_SQUARES, GATHER)
 
 
 @dataclass
@@ -70,10 +69,9 @@ class ProbeContext:
     lr: Callable[[], float] = lambda: float("nan")  # the lr of the step just taken (or the first)
     optimiser: str = ""              # the optimiser's PyTorch form (theory.effective_lr's name)
     sharded: bool = False            # FSDP2: parameters and gradients are local shards
-    # How numbers combine over the K processes (`Probe.combine`): a tensor's sum or max over
-    # them, every process's object in rank order; on one process the value itself.
+    # How numbers combine over the K processes (`Probe.combine`): a tensor's sum over them,
+    # every process's object in rank order; on one process the value itself.
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
-    reduce_max: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
     gather: Callable[[Any], List[Any]] = lambda obj: [obj]
     features_init: Optional[torch.Tensor] = None  # F(x, theta_0), where a probe needs REFERENCE
 

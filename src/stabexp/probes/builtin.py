@@ -4,11 +4,13 @@ calls them and merges their rows (a later probe's cells win: the at-init gradien
 step-0 row's empty one)."""
 
 from stabexp.probes.at_init import AtInit
+from stabexp.probes.attention_mixing import AttentionMixing
 from stabexp.probes.dependency import Dependency
+from stabexp.probes.init_distance import InitDistance
 from stabexp.probes.layer_importance import LayerImportance
 from stabexp.probes.layers import SublayerStats
 from stabexp.probes.update_bound import UpdateBoundProbe
 from stabexp.probes.weights import Weights
 
 PROBES = {probe.name: probe for probe in (SublayerStats, AtInit, Weights, UpdateBoundProbe, Dependency,
-                                          LayerImportance)}
+                                          LayerImportance, AttentionMixing, InitDistance)}

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 
-from stabexp.model.transformer import Admin, DeepNorm, Residual
+from stabexp.model.placements import Admin, DeepNorm, Residual
 from stabexp.modes import eval_mode
 from stabexp.probes import hooked
 from stabexp.config import model_norm, placements as stack_placements
@@ -43,7 +43,7 @@ BIAS = -1  # the component of the norms' biases
 
 def stream_scale(res: Residual):
     """What a norm-after-sum placement multiplies the stream by before adding its branch:
-    Admin's omega, DeepNorm's alpha, else 1 (the formulas in model/transformer.py)."""
+    Admin's omega, DeepNorm's alpha, else 1 (the formulas in model/placements.py)."""
     if isinstance(res, Admin):
         return res.omega
     if isinstance(res, DeepNorm):

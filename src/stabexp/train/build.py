@@ -96,7 +96,7 @@ def probes_for(cfg: DictConfig, model: torch.nn.Module, task: Task, probe_batch,
     ctx = ProbeContext(model=model, adapter=StabexpAdapter(model), cfg=cfg, device=device, summary=summary, probe_batch=(src, tgt_in),
                        probe_tokens=model.feature_mask(src, tgt_in), task=task, lr=lr, sharded=sharded,
                        optimiser=torch_form(cfg.optim.name, cfg.optim.weight_decay, cfg.train.lr)[0],
-                       reduce_sum=distributed.sum_, reduce_max=distributed.max_, gather=distributed.gather)
+                       reduce_sum=distributed.sum_, gather=distributed.gather)
     return ProbeSet(plugins.probes(cfg), ctx)
 
 

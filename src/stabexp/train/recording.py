@@ -43,7 +43,7 @@ METRICS_COLUMNS = metrics_columns(Task.eval_columns)  # the synthetic tasks' (tr
 LAYERS_COLUMNS = ["step", "stack", "layer", "sublayer", "param", "grad_norm", "ln_input_norm", "stream_norm",
                   "max_attn_logit", "relative_update", "input_change", "w2_grad_norm", "output_grad_norm",
                   "weight_norm", "angular_update", "row_angular_update", "effective_lr", "scale_invariant", "elements",
-                  "grad_cosine"]
+                  "grad_cosine", "init_distance"]
 
 
 def layers_columns(probe_columns: Sequence[str] = ()) -> List[str]:
