@@ -66,3 +66,10 @@ def test_init_distance_resumes_against_the_same_init(make_cfg, tmp_path, monkeyp
     a, b = (pd.read_csv(tmp_path / name / "layers.csv") for name in ("reference", "run"))
     last = lambda t: t[(t.step == 8) & t.param.isna()].init_distance.to_numpy()  # noqa: E731
     assert last(b) == pytest.approx(last(a), rel=1e-6) and (last(a) > 0).all()
+
+
+def test_overwrite_removes_the_probes_own_file(make_cfg, tmp_path):
+    train(make_cfg("group=postln", "probe.attention_mixing=true"), tmp_path)
+    assert (tmp_path / "attention_mixing.csv").is_file()
+    train(make_cfg("group=postln", "overwrite=true"), tmp_path)
+    assert not (tmp_path / "attention_mixing.csv").exists()

@@ -48,7 +48,7 @@ from stabexp.probes.base import PROBE_BATCH, REFERENCE, STABEXP_MODEL, SUBLAYERS
 from stabexp.probes.layers import SublayerStats
 from stabexp.tracking import Trackers
 from stabexp.train.files import SUMMARY, RunLock, RunLocked, summary_problem, write_json
-from stabexp.train.folder import RUN_FILES, clear
+from stabexp.train.folder import clear, run_files
 from stabexp.train.recording import Recorder, eval_results
 
 # The probes a monitor runs, by the name `probes=` takes, and the probe.<flag> that turns each on.
@@ -356,7 +356,7 @@ def _take_folder(out_dir: Path, overwrite: bool) -> RunLock:
         lock = RunLock(out_dir).acquire()
     except RunLocked as err:
         raise ConfigError(str(err)) from None
-    present = [name for name in RUN_FILES if (out_dir / name).exists()]
+    present = [name for name in run_files() if (out_dir / name).exists()]
     if present and not overwrite:
         lock.release()
         raise ConfigError(f"{out_dir} holds a run's files ({', '.join(present[:3])}): give the monitor a folder "

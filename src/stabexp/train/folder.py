@@ -32,10 +32,17 @@ NOT_COMPARED = ("overwrite", "logger", "group.description", "group.citation")
 # Keys whose schema default is not what runs did before the key existed, with the value that
 # is. A change that adds a key whose default changes what a run computes adds it here.
 BEFORE_ADDED: Dict[str, object] = {}
-# The files a run writes into its folder (besides Hydra's .hydra/ and log): what overwrite=true
-# removes, so that the replaced run leaves nothing behind.
-RUN_FILES = ("summary.json", CONFIG, "metrics.csv", "layers.csv", "update_bound.csv", "dependency.csv",
-             "layer_importance.csv", "model.pt", "error.txt", "test_translations.tsv")
+
+
+def run_files() -> tuple:
+    """The files a run writes into its folder (besides Hydra's .hydra/ and log): what
+    overwrite=true removes, so that the replaced run leaves nothing behind; each built-in probe's
+    own files among them (probes/builtin.py, imported here so that reading a folder's config
+    does not import torch)."""
+    from stabexp.probes.builtin import PROBES
+
+    return ("summary.json", CONFIG, "metrics.csv", "layers.csv", *(name for probe in PROBES.values() for name in probe.files),
+            "model.pt", "error.txt", "test_translations.tsv")
 
 
 def flat(tree, prefix: str = "") -> Dict[str, object]:
@@ -160,7 +167,7 @@ def refused(out_dir: Path, cfg: DictConfig) -> Optional[str]:
 def clear(out_dir: Path) -> None:
     """Remove the files of the folder's previous run (overwrite=true), a plug-in probe's CSV
     files among them."""
-    for name in RUN_FILES:
+    for name in run_files():
         (Path(out_dir) / name).unlink(missing_ok=True)
     for path in Path(out_dir).glob("*.csv"):
         path.unlink()
