@@ -343,8 +343,10 @@ def _top_settle(ev: Evidence):
     at = dict(recipe="deepnet_early", depth=18)
     ratio = {g: ev.value("decoder_low_over_top_distance", group=g, **at) for g in EARLY}
     settle = {g: ev.value("decoder_top_over_low_settle", group=g, **at) for g in EARLY}
-    poorly = every(ratio["postln_warmup"] <= POORLY_TRAINED) if not ratio["postln_warmup"].empty else False
-    first = every(settle["postln_warmup"] < 1) if not settle["postln_warmup"].empty else False
+    if ratio["postln_warmup"].dropna().empty or ratio["postln_init"].dropna().empty:
+        return NOT_SHOWN, "the runs do not record each layer's distance from init (probe.init_distance)"
+    poorly = every(ratio["postln_warmup"] <= POORLY_TRAINED)
+    first = every(settle["postln_warmup"] < 1)
     contrast = every(compare(ratio["postln_init"], ratio["postln_warmup"], operator.gt))
     measured = ("decoder's lower third's distance from init over its top third's: "
                 + ", ".join(f"{g} {over_seeds(ratio[g])}" for g in EARLY)
@@ -369,8 +371,10 @@ def _lemma1(ev: Evidence):
     runs = ev.runs(recipe="deepnet_early", depth=18)
     need = ("attention_bound_max", "attention_gain_max@init", "attention_gain_max@end")
     if runs.empty or any(m not in runs for m in need):
-        return DOES_NOT_HOLD, "no runs record the attention's mixing (probe.attention_mixing)"
+        return NOT_SHOWN, "no runs record the attention's mixing (probe.attention_mixing)"
     runs = runs.dropna(subset=list(need))
+    if runs.empty:
+        return NOT_SHOWN, "no runs record the attention's mixing (probe.attention_mixing)"
     bound_ok = bool((runs.attention_bound_max <= 1 + CONVEX_ROUNDING).all())
     gain_ok = bool((runs["attention_gain_max@init"] <= 1).all() and (runs["attention_gain_max@end"] <= 1).all())
     measured = (f"over {len(runs)} runs ({runs.group.nunique()} groups): output against the largest value mixed at most "

@@ -131,7 +131,7 @@ class LayerProbe:
         self.captured: Optional[torch.Tensor] = None
         self.armed = self.caught = False
 
-    def _bucket_sums(self, tensors: List[torch.Tensor], owner: torch.Tensor, buckets: int) -> torch.Tensor:
+    def bucket_sums(self, tensors: List[torch.Tensor], owner: torch.Tensor, buckets: int) -> torch.Tensor:
         """Squared norms of `tensors`, from one _foreach_norm, summed per bucket (owner[k] is
         tensor k's bucket), and across the ranks' shards when sharded."""
         sq = torch.stack(torch._foreach_norm([local(t) for t in tensors])).float() ** 2
@@ -159,7 +159,7 @@ class LayerProbe:
         torch._foreach_sub_(self.previous, current)
         # Update and weights in one call: buckets 0..n-1 the update's, n..2n-1 the weights'.
         owner = torch.cat([self.matrix_owner, self.matrix_owner + n])
-        sums = self._bucket_sums(self.previous + current, owner, 2 * n)
+        sums = self.bucket_sums(self.previous + current, owner, 2 * n)
         return (sums[:n] / sums[n:]).sqrt()
 
     def watch_gradients(self, loss_scale: Optional[Callable[[], float]] = None) -> None:
@@ -210,7 +210,7 @@ class LayerProbe:
             nan = torch.full((), float("nan"), device=self.owner.device)
             return nan, torch.full((n,), float("nan"), device=self.owner.device)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        buckets = self._bucket_sums(grads, self.owner, n + 1)
+        buckets = self.bucket_sums(grads, self.owner, n + 1)
         return buckets.sum().sqrt(), buckets[:n].sqrt()
 
     def features_with_ln_norms(self, src: torch.Tensor, tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

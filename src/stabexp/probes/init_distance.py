@@ -52,7 +52,7 @@ class InitDistance(Probe):
         current = self._current()
         moved = list(torch._foreach_sub(current, self.initial))
         owner = torch.cat([probe.matrix_owner, probe.matrix_owner + n])
-        sums = probe._bucket_sums(moved + self.initial, owner, 2 * n)
+        sums = probe.bucket_sums(moved + self.initial, owner, 2 * n)
         distance = (sums[:n] / sums[n:]).sqrt().tolist()
         return Rows(sublayers=[{"init_distance": d if d == d else None} for d in distance])
 
